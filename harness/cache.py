@@ -1,0 +1,71 @@
+"""Paging: block tables over shuffled, non-contiguous pages, slot mapping, and token writes through K/V views.
+
+A slot is `page * block_size + offset`, as in vLLM's `slot_mapping`. Pages no sequence uses stay poisoned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PAGE_ORDERS = ("shuffled", "reversed", "sequential")
+
+
+@dataclass(frozen=True)
+class Paging:
+    """Which page holds which tokens: block_table [batch, max_pages] (-1 past a sequence's end) and slots."""
+
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    kv_lens: tuple[int, ...]
+    block_size: int
+
+    def to(self, device: str | torch.device) -> Paging:
+        return Paging(self.block_table.to(device), self.slot_mapping.to(device), self.kv_lens, self.block_size)
+
+
+def paging(
+    kv_lens: tuple[int, ...], block_size: int, num_blocks: int, order: str = "shuffled", seed: int = 0
+) -> Paging:
+    """Assign each sequence's pages from a cache of `num_blocks` pages in the given order."""
+    if order not in PAGE_ORDERS:
+        raise ValueError(f"unknown page order {order!r}; known: {PAGE_ORDERS}")
+    counts = [-(-kv // block_size) for kv in kv_lens]
+    if sum(counts) > num_blocks:
+        raise ValueError(
+            f"kv_lens {kv_lens} need {sum(counts)} pages of {block_size} tokens, the cache has {num_blocks}"
+        )
+    if order == "shuffled":
+        pool = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))
+    elif order == "reversed":
+        pool = torch.arange(num_blocks - 1, -1, -1)
+    else:
+        pool = torch.arange(num_blocks)
+    table = torch.full((len(kv_lens), max(counts)), -1, dtype=torch.int32)
+    slots, start = [], 0
+    for row, (kv, count) in enumerate(zip(kv_lens, counts)):
+        pages = pool[start : start + count]
+        start += count
+        table[row, :count] = pages.to(torch.int32)
+        pos = torch.arange(kv)
+        slots.append(pages[pos // block_size] * block_size + pos % block_size)
+    return Paging(table, torch.cat(slots).to(torch.int64), tuple(kv_lens), block_size)
+
+
+def write(k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Store token rows k, v [total_kv, H, D] at their slots in canonical views [B, N, H, D], in place."""
+    page, offset = _slots(paging, k_cache.device)
+    k_cache[page, offset] = k
+    v_cache[page, offset] = v
+
+
+def read(k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows [total_kv, H, D] gathered back from canonical views through the slot mapping."""
+    page, offset = _slots(paging, k_cache.device)
+    return k_cache[page, offset], v_cache[page, offset]
+
+
+def _slots(paging: Paging, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    slots = paging.slot_mapping.to(device)
+    return slots // paging.block_size, slots % paging.block_size

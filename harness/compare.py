@@ -1,0 +1,83 @@
+"""Bitwise comparison of outputs, and a diagnosis of how two tensors differ.
+
+Equal means equal bits: NaN equals NaN of the same payload, -0.0 differs from 0.0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_INT_OF = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
+           torch.float64: torch.int64}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """How `actual` differs from `expected`; `first` indexes the first differing element (token, head, dim)."""
+
+    differing: int
+    total: int
+    max_ulp: float
+    max_abs: float
+    first: tuple[int, ...]
+    actual_at_first: float
+    expected_at_first: float
+
+    def __str__(self) -> str:
+        return (
+            f"{self.differing} of {self.total} elements differ; max ULP distance {self.max_ulp:g}, "
+            f"max abs diff {self.max_abs:g}; first mismatch at (token, head, dim) = {self.first}: "
+            f"{self.actual_at_first!r} vs expected {self.expected_at_first!r}"
+        )
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits of a float tensor as a same-width signed integer tensor."""
+    if t.dtype not in _INT_OF:
+        raise TypeError(f"bitwise comparison supports {sorted(map(str, _INT_OF))}, got {t.dtype}")
+    return t.contiguous().view(_INT_OF[t.dtype])
+
+
+def diagnose(actual: torch.Tensor, expected: torch.Tensor) -> Diagnosis | None:
+    """None when the two are bit-identical, else what differs."""
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        raise ValueError(
+            f"cannot compare {tuple(actual.shape)} {actual.dtype} with {tuple(expected.shape)} {expected.dtype}"
+        )
+    a, e = bits(actual).cpu(), bits(expected).cpu()
+    differ = a != e
+    count = int(differ.sum())
+    if count == 0:
+        return None
+    first = tuple(int(i) for i in differ.nonzero()[0])
+    ulp = (_ordered(a) - _ordered(e)).abs().double()
+    af, ef = actual.detach().cpu().double(), expected.detach().cpu().double()
+    nan_mismatch = differ & (af.isnan() | ef.isnan())
+    ulp[nan_mismatch] = float("inf")
+    absdiff = (af - ef).abs()
+    absdiff[nan_mismatch] = float("inf")
+    return Diagnosis(
+        differing=count,
+        total=a.numel(),
+        max_ulp=float(ulp[differ].max()),
+        max_abs=float(absdiff[differ].max()),
+        first=first,
+        actual_at_first=float(af[first]),
+        expected_at_first=float(ef[first]),
+    )
+
+
+def assert_bit_identical(actual: torch.Tensor, expected: torch.Tensor, context: str = "") -> None:
+    """Raise AssertionError carrying the diagnosis unless the two are bit-identical."""
+    diagnosis = diagnose(actual, expected)
+    if diagnosis is not None:
+        raise AssertionError(f"{context}{': ' if context else ''}not bit-identical: {diagnosis}")
+
+
+def _ordered(b: torch.Tensor) -> torch.Tensor:
+    # Map sign-magnitude float bits onto integers ordered like the floats, so a difference counts ULPs.
+    wide = b.to(torch.int64)
+    magnitude = wide & ((1 << (8 * b.element_size() - 1)) - 1)
+    return torch.where(wide < 0, -magnitude, wide)

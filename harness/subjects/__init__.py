@@ -1,0 +1,52 @@
+"""Subjects: the implementations under test. The harness never fixes a subject's bug for it; it reports.
+
+A subject brings its own K/V split of a release's kv_cache, a paged forward over canonical K/V views
+[B, N, H, D] (any strides, innermost stride 1) and a dense forward over contiguous token rows [total_kv, H, D].
+Both forwards take q [total_q, num_heads, D] and return the output in the same shape; sequence boundaries come
+from the case. Bit-identity between the two is only meaningful with a pinned tile config for both calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from harness.cache import Paging
+from harness.cases import Case
+from harness.contract import Contract
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Compile-time tiling of a Triton attention kernel: query rows and keys per tile, warps, stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+class Subject(Protocol):
+    name: str
+
+    def supports(self, case: Case) -> str | None:
+        """None when the subject can run `case`, else the reason it cannot."""
+
+    def split(self, kv_cache: torch.Tensor, contract: Contract) -> tuple[torch.Tensor, torch.Tensor]:
+        """The subject's own K and V views [B, N, H, D] of a layer's kv_cache laid out per `contract`."""
+
+    def tile_config(self, case: Case) -> TileConfig:
+        """The tile config pinned for both calls of the bit-identity lane."""
+
+    def paged_forward(
+        self, case: Case, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging,
+        tile: TileConfig | None,
+    ) -> torch.Tensor:
+        """Attention over paged K/V; `tile` None lets the subject autotune."""
+
+    def dense_forward(
+        self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: TileConfig | None
+    ) -> torch.Tensor:
+        """The same attention over contiguous K/V token rows."""
