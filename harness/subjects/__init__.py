@@ -8,6 +8,7 @@ from the case. Bit-identity between the two is only meaningful with a pinned til
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,3 +51,14 @@ class Subject(Protocol):
         self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: TileConfig | None
     ) -> torch.Tensor:
         """The same attention over contiguous K/V token rows."""
+
+
+SUBJECTS = {"builtin": "harness.subjects.builtin:BuiltinSubject", "modelopt": "harness.subjects.modelopt:ModeloptSubject"}
+
+
+def load_subject(name: str) -> Subject:
+    """The subject registered under `name`, or the class at `module:Class` (imported only when asked for)."""
+    if name not in SUBJECTS and ":" not in name:
+        raise ValueError(f"unknown subject {name!r}; known: {sorted(SUBJECTS)} or module:Class")
+    module, _, cls = SUBJECTS.get(name, name).partition(":")
+    return getattr(importlib.import_module(module), cls)()

@@ -1,0 +1,112 @@
+"""Results: one JSON line per checked item, under results/<release>/results.jsonl.
+
+Each pytest process (an xdist worker, or the only process) appends to its own results.<run>-<worker>.jsonl; the
+session that owns the workers merges its run's files into results.jsonl when it ends, replacing that release's
+previous run.
+Outcome words are never folded into one another (harness.report keeps them apart):
+  bit-identical     paged and dense (or two runs, or two splits) agree bit for bit
+  within-tolerance  the oracle check held at its stated tolerance
+  rejected          a malformed cache was refused with the documented ContractError
+  differs           a value check failed (with the diagnosis)
+  accepted          a malformed cache was NOT refused, or refused without naming shape and contract
+  unsupported       the subject said it cannot run the case (its reason is the diagnosis)
+  contract-error    the release's layout could not be read, or the subject could not split it
+  subject-error     the subject raised on a case it said it supports
+  install-error     the release could not be installed (written by nox through `python -m harness.results`)
+  harness-error     a bug in kvconform itself
+  skipped           the check could not run here (e.g. vLLM's CUDA write op without CUDA); never a pass
+`stale` is not an outcome of a check: it marks a known finding that applied but did not happen.
+
+`python -m harness.results install-error RELEASE REASON [--dir results]` records a failed install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+OUTCOMES = ("bit-identical", "within-tolerance", "rejected", "differs", "accepted", "unsupported",
+            "contract-error", "subject-error", "install-error", "harness-error", "skipped")
+PASSING = ("bit-identical", "within-tolerance", "rejected")
+STALE = "stale"
+
+
+@dataclass(frozen=True)
+class Result:
+    """One checked item. `known` is the id of the known finding that predicted the outcome, if any."""
+
+    release: str
+    source: str  # "live" (probed from the installed vLLM), "replay" (recorded fixture), or "install"
+    subject: str
+    geometry: str  # Contract.name, or "*" for a whole-release outcome
+    check: str
+    sparsity: str
+    outcome: str
+    case: str = ""  # digest of the example
+    repro: str = ""  # one line that reproduces it
+    diagnosis: str = ""
+    known: str = ""
+
+    def __post_init__(self) -> None:
+        if self.outcome not in OUTCOMES + (STALE,):
+            raise ValueError(f"unknown outcome {self.outcome!r}; known: {OUTCOMES + (STALE,)}")
+
+
+def release_dir(root: Path, release: str) -> Path:
+    return Path(root) / release
+
+
+def append(root: Path, result: Result, worker: str | None = None) -> None:
+    """Add one line to this worker's file for the result's release (to the merged file when `worker` is None)."""
+    d = release_dir(root, result.release)
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / (f"results.{worker}.jsonl" if worker else "results.jsonl"), "a") as f:
+        f.write(json.dumps(asdict(result), sort_keys=True) + "\n")
+
+
+def merge(root: Path, release: str, run: str = "") -> Path:
+    """Fold the per-worker files of `release` into results.jsonl (replacing the previous run) and remove them.
+    Worker names starting with `run` only, so that concurrent sessions do not take each other's files. A session
+    that checked nothing of this release (collect-only, deselected) leaves the previous run alone."""
+    d = release_dir(root, release)
+    parts = sorted(d.glob(f"results.{run}*.jsonl"))
+    out = d / "results.jsonl"
+    if not parts:
+        return out
+    out.write_text("".join(p.read_text() for p in parts))
+    for p in parts:
+        p.unlink()
+    return out
+
+
+def read(root: Path) -> list[Result]:
+    """Every merged result under `root` (one results.jsonl per release)."""
+    out = []
+    for path in sorted(Path(root).glob("*/results.jsonl")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    out.append(Result(**json.loads(line)))
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"{path}:{n}: not a result line: {e}") from e
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.results")
+    parser.add_argument("outcome", choices=["install-error"])
+    parser.add_argument("release")
+    parser.add_argument("reason")
+    parser.add_argument("--dir", default="results", type=Path)
+    args = parser.parse_args(argv)
+    result = Result(args.release, "install", "*", "*", "install", "*", args.outcome, diagnosis=args.reason)
+    append(args.dir, result, "install")
+    print(merge(args.dir, args.release))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

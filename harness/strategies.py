@@ -1,0 +1,177 @@
+"""Hypothesis strategies that build valid conformance examples, one small builder per thing.
+
+Compile-time values of a Triton kernel (head dim, block size, sparsity mode and group size, dtype, causal; the tile
+config is the subject's pinned choice) come from the small fixed sets of a `Sizes`, since each new combination is a
+compile (and the CPU interpreter is slow); runtime values (lengths, batch mix, page assignment, contents, layer
+counts, seeds) vary freely. Every builder shrinks towards the small, plain end (short, one sequence, no sparsity).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from hypothesis import strategies as st
+
+from harness.cache import PAGE_ORDERS, Paging, paging
+from harness.cases import Case, Sparsity
+from harness.contract import Contract, Dims
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The fixed compile-time sets and the runtime size limits one device can afford."""
+
+    head_dims: tuple[int, ...]
+    block_sizes: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    kv_heads: tuple[int, ...]
+    groups: tuple[int, ...]  # num_heads // kv_heads (1 = MHA, >1 = GQA, with kv_heads 1 = MQA)
+    nm_groups: tuple[int, ...]  # N:M group size m
+    max_seqs: int
+    long_len: int  # the "long" KV length; other lengths straddle page boundaries
+
+
+# CPU interpreter: 80 exercises the masked non-power-of-two head dim; lengths stay a few pages.
+CPU = Sizes(head_dims=(64, 80), block_sizes=(16, 32), dtypes=("float16", "bfloat16"), kv_heads=(1, 2),
+            groups=(1, 2, 4), nm_groups=(4, 8), max_seqs=3, long_len=100)
+# H200: realistic shapes (32 heads / 8 kv heads / dim 128, KV up to 8k, batches of 8+). One head dim and one N:M
+# group size: the built-in kernel has ~100 constexpr variants per head dim (dtype, causal, mode, tile, paged, split),
+# each a compile of seconds; the other head dims are covered on the CPU.
+GPU = Sizes(head_dims=(128,), block_sizes=(16, 32, 64, 128), dtypes=("float16", "bfloat16"),
+            kv_heads=(1, 2, 8), groups=(1, 4, 8), nm_groups=(4,), max_seqs=12, long_len=8192)
+
+SEQUENCE_KINDS = ("prefill", "chunked", "decode")
+
+
+@st.composite
+def kv_lengths(draw, block_size: int, long_len: int) -> int:
+    """A KV length straddling a page boundary (1, bs-1, bs, bs+1, 2bs+1), long, or anything in between."""
+    edges = [1, block_size - 1, block_size, block_size + 1, 2 * block_size + 1, long_len]
+    return draw(st.one_of(st.sampled_from([e for e in edges if 1 <= e <= long_len]), st.integers(1, long_len)))
+
+
+@st.composite
+def sequences(draw, block_size: int, long_len: int, kind: str | None = None) -> tuple[int, int]:
+    """(q_len, kv_len) of one prefill (q == kv), chunked prefill / prefix hit (1 < q < kv) or decode (q == 1)."""
+    kind = kind or draw(st.sampled_from(SEQUENCE_KINDS))
+    if kind == "chunked":
+        kv = draw(kv_lengths(block_size, long_len).filter(lambda n: n >= 3))
+        return draw(st.integers(2, kv - 1)), kv
+    kv = draw(kv_lengths(block_size, long_len))
+    return (kv if kind == "prefill" else 1), kv
+
+
+@st.composite
+def sequence_mixes(draw, block_size: int, sizes: Sizes) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(q_lens, kv_lens) of a batch of 1..max_seqs sequences, kinds mixed freely."""
+    seqs = draw(st.lists(sequences(block_size, sizes.long_len), min_size=1, max_size=sizes.max_seqs))
+    return tuple(q for q, _ in seqs), tuple(kv for _, kv in seqs)
+
+
+@st.composite
+def heads(draw, sizes: Sizes) -> tuple[int, int]:
+    """(num_heads, kv_heads): MHA, GQA or MQA."""
+    kv = draw(st.sampled_from(sizes.kv_heads))
+    return kv * draw(st.sampled_from(sizes.groups)), kv
+
+
+@st.composite
+def sparsities(draw, sizes: Sizes) -> Sparsity:
+    """none, skip-softmax (threshold varies) or N:M (m fixed per compile; n, sink, recent vary)."""
+    mode = draw(st.sampled_from(("none", "skip_softmax", "nm")))
+    if mode == "skip_softmax":
+        return Sparsity(mode, threshold=draw(st.sampled_from((0.05, 0.3, 0.7, 0.95))))
+    if mode == "nm":
+        m = draw(st.sampled_from(sizes.nm_groups))
+        return Sparsity(mode, n=draw(st.integers(1, m - 1)), m=m, sink=draw(st.integers(0, 8)),
+                        recent=draw(st.integers(0, 16)))
+    return Sparsity()
+
+
+@st.composite
+def cases(draw, sizes: Sizes) -> Case:
+    """A valid Case with compile-time values from `sizes` and everything else free."""
+    block_size = draw(st.sampled_from(sizes.block_sizes))
+    q_lens, kv_lens = draw(sequence_mixes(block_size, sizes))
+    num_heads, kv_heads = draw(heads(sizes))
+    return Case(
+        q_lens, kv_lens, num_heads, kv_heads,
+        head_dim=draw(st.sampled_from(sizes.head_dims)), block_size=block_size,
+        dtype=draw(st.sampled_from(sizes.dtypes)), causal=draw(st.booleans().map(lambda b: not b)),
+        sparsity=draw(sparsities(sizes)), seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@st.composite
+def num_blocks(draw, needed: int) -> int:
+    """Pages in the cache: exactly what the batch needs, 2 or 3 where they fit (the sizes that collide with the
+    K/V axis and make naive layout detection ambiguous), or a few spare pages (left poisoned)."""
+    small = [n for n in (2, 3) if n >= needed]
+    return draw(st.one_of(st.just(needed), st.sampled_from(small) if small else st.nothing(),
+                          st.integers(needed, needed + 4)))
+
+
+@st.composite
+def layers(draw, contract: Contract) -> tuple[int, int]:
+    """(num_layers, layer): 1..8 layers for a shared allocation, any layer of them; (1, 0) otherwise."""
+    if not contract.shared:
+        return 1, 0
+    count = draw(st.integers(1, 8))
+    return count, draw(st.integers(0, count - 1))
+
+
+@dataclass(frozen=True)
+class Example:
+    """One conformance example: a case placed in a release's contract geometry with a page assignment."""
+
+    case: Case
+    contract: Contract
+    num_blocks: int
+    num_layers: int = 1
+    layer: int = 0
+    page_order: str = "shuffled"  # "reversed" always uses the last page of the cache
+    page_seed: int = 0
+
+    @property
+    def dims(self) -> Dims:
+        return Dims(self.num_blocks, self.case.block_size, self.case.kv_heads, self.case.head_dim,
+                    self.num_layers, self.layer)
+
+    def paging(self) -> Paging:
+        return paging(self.case.kv_lens, self.case.block_size, self.num_blocks, self.page_order, self.page_seed)
+
+    def digest(self) -> str:
+        """A short stable id of the whole example."""
+        return hashlib.sha1(self.to_json().encode()).hexdigest()[:12]
+
+    def to_json(self) -> str:
+        """One line of JSON that `from_json` turns back into this exact example."""
+        body = asdict(self)
+        body["contract"] = {"logical": list(self.contract.logical), "physical": list(self.contract.physical),
+                            "origin": self.contract.origin}
+        return json.dumps(body, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Example:
+        body = json.loads(text)
+        c = body["case"]
+        case = Case(**{**c, "q_lens": tuple(c["q_lens"]), "kv_lens": tuple(c["kv_lens"]),
+                       "sparsity": Sparsity(**c["sparsity"])})
+        k = body["contract"]
+        contract = Contract(tuple(k["logical"]), tuple(k["physical"]), k.get("origin", ""))
+        return cls(**{**body, "case": case, "contract": contract})
+
+
+@st.composite
+def examples(draw, contracts: list[Contract], sizes: Sizes, case: st.SearchStrategy[Case] | None = None) -> Example:
+    """A case in one of `contracts` (every physical order and layer arrangement given), paged into a cache of
+    `num_blocks` pages in a shuffled, reversed or sequential order."""
+    contract = draw(st.sampled_from(contracts))
+    c = draw(case if case is not None else cases(sizes))
+    num_layers, layer = draw(layers(contract))
+    return Example(
+        c, contract, draw(num_blocks(c.blocks_needed())), num_layers, layer,
+        page_order=draw(st.sampled_from(PAGE_ORDERS)), page_seed=draw(st.integers(0, 2**16)),
+    )

@@ -1,0 +1,472 @@
+"""The `modelopt` subject: nvidia-modelopt's Triton flash-attention kernel and its vLLM plugin's own K/V split.
+
+What runs is modelopt's code, unchanged (facts per release in /work/notes/modelopt.md):
+- forwards: `modelopt/torch/kernels/common/attention/triton_fa.py::attention` (the function the plugin imports as
+  `triton_attention`), paged (k_cache/v_cache [num_blocks, page, H, D] views + block_table + page_size, as the
+  plugin calls it) or dense (contiguous [total_kv, H, D] token rows). One kernel, `_attn_fwd`, serves both;
+  `IS_PAGED` is a constexpr that only changes how K and V tiles are loaded.
+- tile: `_attn_fwd` is a `triton.autotune` over `_FWD_CONFIGS` and `attention()` takes no tile argument. A pinned
+  call gives the autotuner exactly one candidate for that call, which is how modelopt pins itself under pytest
+  (`_FWD_CONFIGS[:1]` when PYTEST_VERSION is set); `tile=None` leaves modelopt's own candidates in place.
+- split: `plugins/vllm.py::ModelOptSparseAttentionImpl.forward` detects the layout (0.46+:
+  `_flash_attention_kv_cache_layout()`, probing `FlashAttentionBackend.get_kv_cache_shape(3, 16, 1, 16)`; 0.45:
+  always `kv_cache.unbind(0)`), splits, and hands `k_cache`/`v_cache` to `triton_attention`. `split()` runs that
+  forward and takes the views it hands over, stopping before any launch.
+- replay: without vLLM installed, the plugin module is imported against REPLAY stand-ins of the three vLLM names
+  it imports, and each split swaps in a stand-in `FlashAttentionBackend` that has exactly the layout methods the
+  recorded release has (fixtures/contracts/<release>.json; the release is bound with `for_release` or named by
+  the contract's origin), each answering from the recorded contract.
+
+Sparsity mapping (harness `Sparsity` -> `attention()` keywords; differences are documented, never papered over):
+- skip_softmax(threshold) -> `skip_softmax_threshold`. modelopt decides per BLOCK_M x BLOCK_N tile: a key tile is
+  skipped only when every valid query row of the query tile has exp(tile_max - running_max) < threshold; the
+  harness oracle decides per row. The threshold is a constexpr (one compile per value).
+- nm(n, m, sink, recent) -> `sparsity_n/sparsity_m/dense_sink_tokens/dense_recent_tokens`, m in {4, 8}. modelopt
+  keeps every row of a q_len == 1 sequence dense, keeps `recent` keys up to the query's own position (non-causal:
+  keys after it are not in the window, unlike the oracle's `key > q_pos - recent`), and for m == 8 may keep more
+  than n keys on ties.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.util
+import os
+import sys
+import threading
+import types
+from dataclasses import dataclass
+from unittest import mock
+
+import torch
+
+from harness.cache import Paging
+from harness.cases import Case
+from harness.contract import Contract, ContractError, Dims
+from harness import fixtures
+from harness.fixtures import Recording
+from harness.subjects import TileConfig
+
+ENV = "KVCONFORM_MODELOPT"  # a PyPI version ("0.47.0") or a modelopt source tree (a directory holding `modelopt/`)
+PLUGIN = "modelopt.torch.sparsity.attention_sparsity.plugins.vllm"
+VLLM_FA = "vllm.v1.attention.backends.flash_attn"
+LAYOUT_METHODS = ("get_kv_cache_shape", "get_kv_cache_stride_order")
+NM_GROUPS = (4, 8)  # skip_softmax_helpers._apply_sparse_nm_to_qk_tile: static_assert SPARSITY_M == 4 or 8
+HEAD_DIMS = (16, 256)  # tl.dot needs K >= 16 (BLOCK_D = next_pow2(head_dim)); vLLM's FA caps head size at 256
+PINNED = TileConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)  # in every release's _FWD_CONFIGS (0.45-0.47)
+
+_lock = threading.RLock()  # the autotuner's candidates, the plugin's backend and torch.cuda.device are process-wide
+
+
+class ModeloptUnavailable(RuntimeError):
+    """nvidia-modelopt (or the version asked for, or its vLLM plugin) is not importable here."""
+
+
+@dataclass(frozen=True)
+class VllmRelease:
+    """What replay needs from a recorded release: its name and which layout methods its FlashAttentionBackend has."""
+
+    version: str
+    backend_methods: frozenset[str]
+
+    def __post_init__(self) -> None:
+        unknown = set(self.backend_methods) - set(LAYOUT_METHODS)
+        if unknown:
+            raise ValueError(f"vLLM {self.version}: unknown backend methods {sorted(unknown)}; known {LAYOUT_METHODS}")
+
+    @classmethod
+    def from_recording(cls, recording: Recording) -> VllmRelease:
+        """The release as its probe recorded it: `observations["backend_methods"]` when recorded, else the layout
+        methods the probe itself called (named in `observations["method"]`; the era_enum probe calls none, and
+        FlashAttentionBackend has none of them in vLLM 0.29.0-0.33.0's sources)."""
+        obs = recording.observations
+        if "backend_methods" in obs:
+            return cls(recording.release, frozenset(obs["backend_methods"]))
+        if "method" not in obs:
+            raise ContractError(
+                f"recording of vLLM {recording.release} names neither backend_methods nor the probe method; "
+                f"observations hold {sorted(obs)}"
+            )
+        return cls(recording.release, frozenset(m for m in LAYOUT_METHODS if m in obs["method"]))
+
+
+@dataclass(frozen=True)
+class _Modelopt:
+    version: str
+    plugin: types.ModuleType
+    kernel: types.ModuleType  # the module of the plugin's `triton_attention`
+    live: bool  # vLLM is installed: the plugin queries the real FlashAttentionBackend
+
+
+class ModeloptSubject:
+    """nvidia-modelopt's kernel and vLLM plugin (see the module docstring). In replay the split needs the recorded
+    release: bound here (`for_release`), or else read from the contract's origin ("vllm <version> ...")."""
+
+    name = "modelopt"
+
+    def __init__(self, release: VllmRelease | None = None) -> None:
+        self.release = release
+        self.last_tile: TileConfig | None = None  # the config the kernel's last launch ran with
+
+    def for_release(self, release: VllmRelease) -> ModeloptSubject:
+        """This subject replaying `release` (its recorded FlashAttentionBackend) when vLLM is not installed."""
+        return ModeloptSubject(release)
+
+    @property
+    def version(self) -> str:
+        """The nvidia-modelopt under test, e.g. `0.47.0` or `0.47.0 (tree /src/Model-Optimizer)`."""
+        return _load().version
+
+    @property
+    def live(self) -> bool:
+        """vLLM is installed, so the plugin queries the real FlashAttentionBackend (no replay)."""
+        return _load().live
+
+    def supports(self, case: Case) -> str | None:
+        if not HEAD_DIMS[0] <= case.head_dim <= HEAD_DIMS[1]:
+            return f"head_dim {case.head_dim} not supported; modelopt's kernel needs {HEAD_DIMS[0]}..{HEAD_DIMS[1]}"
+        sp = case.sparsity
+        if sp.mode == "nm" and sp.m not in NM_GROUPS:
+            return f"nm group size m={sp.m} not supported; modelopt supports m in {NM_GROUPS}"
+        return None
+
+    def tile_config(self, case: Case) -> TileConfig:
+        return PINNED
+
+    def split(self, kv_cache: torch.Tensor, contract: Contract) -> tuple[torch.Tensor, torch.Tensor]:
+        contract.validate(kv_cache)
+        mo = _load()
+        size = dict(zip(contract.logical, kv_cache.shape))
+        head_size = size["C"] // 2 if contract.packed else size["D"]
+        release = self.release or (None if mo.live else _recorded_release(contract))
+        where = (
+            f"modelopt {mo.version} vLLM plugin ({'live vLLM' if mo.live else _replaying(release)}) on kv_cache "
+            f"shape {tuple(kv_cache.shape)} strides {tuple(kv_cache.stride())}, contract {contract.describe()}"
+        )
+        with _lock, _backend(mo, contract, release):
+            try:
+                got = _plugin_kv_views(mo.plugin, kv_cache, size["H"], head_size)
+            except Exception as err:  # whatever the plugin raises is the finding; its text is kept verbatim
+                raise ContractError(f"{where}: {type(err).__name__}: {err}") from err
+        if got is None:
+            raise ContractError(f"{where}: the plugin's forward never handed K/V to its Triton kernel")
+        return got
+
+    def paged_forward(
+        self, case: Case, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging,
+        tile: TileConfig | None,
+    ) -> torch.Tensor:
+        self._check(case, tile, q, k=k_cache, v=v_cache)
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            want = (case.block_size, case.kv_heads, case.head_dim)
+            if t.dim() != 4 or tuple(t.shape[1:]) != want:
+                raise ValueError(
+                    f"{name} shape {tuple(t.shape)} strides {tuple(t.stride())} is not a [num_blocks, block_size, "
+                    f"kv_heads, head_dim] view with [block_size, kv_heads, head_dim] = {list(want)}"
+                )
+        table = paging.block_table.to(device=q.device, dtype=torch.int32).contiguous()
+        if (paging.kv_lens, paging.block_size, table.shape[0]) != (case.kv_lens, case.block_size, len(case.kv_lens)):
+            raise ValueError(
+                f"paging (kv_lens {paging.kv_lens}, block_size {paging.block_size}, table {tuple(table.shape)}) "
+                f"does not match the case's kv_lens {case.kv_lens} block_size {case.block_size}"
+            )
+        # modelopt's kernel loads whatever page the table names: check every page a sequence uses is in the cache.
+        host = paging.block_table.cpu()
+        for seq, kv in enumerate(case.kv_lens):
+            pages = host[seq, : -(-kv // case.block_size)]
+            if pages.numel() < -(-kv // case.block_size) or pages.min() < 0 or pages.max() >= k_cache.shape[0]:
+                raise ValueError(
+                    f"block table {tuple(host.shape)} row {seq} (kv_len {kv}) holds pages {pages.tolist()}, not "
+                    f"enough pages inside the cache's [0, {k_cache.shape[0]})"
+                )
+        b_start, b_len, _, kv_len = _varlen(case, q.device)
+        # As the plugin calls it: dummy K/V whose shape[1] gives the GQA ratio, page_size = key_cache.shape[1].
+        dummy = torch.empty(0, case.kv_heads, case.head_dim, device=q.device, dtype=q.dtype)
+        return self._launch(
+            q, tile, dummy, dummy, b_start, b_len, max(case.q_lens), case.causal, case.scale, None, kv_len,
+            max(case.kv_lens), k_cache=k_cache, v_cache=v_cache, block_table=table, page_size=k_cache.shape[1],
+            **_sparse_kw(case),
+        )
+
+    def dense_forward(
+        self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: TileConfig | None
+    ) -> torch.Tensor:
+        self._check(case, tile, q, k=k, v=v)
+        for name, t in (("k", k), ("v", v)):
+            want = (sum(case.kv_lens), case.kv_heads, case.head_dim)
+            if tuple(t.shape) != want:
+                raise ValueError(f"{name} shape {tuple(t.shape)} is not [total_kv, kv_heads, head_dim] = {list(want)}")
+        b_start, b_len, kv_start, kv_len = _varlen(case, q.device)
+        return self._launch(
+            q, tile, k, v, b_start, b_len, max(case.q_lens), case.causal, case.scale, kv_start, kv_len,
+            max(case.kv_lens), **_sparse_kw(case),
+        )
+
+    def _launch(self, q: torch.Tensor, tile: TileConfig | None, *args, **kwargs) -> torch.Tensor:
+        mo = _load()
+        with _lock, _tiles(mo.kernel, tile), _launch_device(q.device):
+            out = mo.kernel.attention(q, *args, **kwargs)
+            best = mo.kernel._attn_fwd.best_config
+        self.last_tile = TileConfig(best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.num_warps, best.num_stages)
+        if tile is not None and self.last_tile != tile:
+            raise RuntimeError(f"modelopt's autotuner ran {self.last_tile} although {tile} was pinned")
+        return out
+
+    def _check(self, case: Case, tile: TileConfig | None, q: torch.Tensor, **kv: torch.Tensor) -> None:
+        shapes = ", ".join(f"{n} {tuple(t.shape)} {t.dtype}" for n, t in {"q": q, **kv}.items())
+        reason = self.supports(case)
+        if reason:
+            raise ValueError(f"modelopt subject cannot run this case: {reason} ({shapes})")
+        if any(t.dtype != case.torch_dtype for t in (q, *kv.values())):
+            raise ValueError(f"q/k/v dtypes differ from the case's {case.dtype}: {shapes}")
+        if any(t.device != q.device for t in kv.values()):
+            raise ValueError(f"q, k, v are on different devices: {shapes}")
+        if tuple(q.shape) != (sum(case.q_lens), case.num_heads, case.head_dim):
+            raise ValueError(f"q is not [total_q, num_heads, head_dim] = "
+                             f"{[sum(case.q_lens), case.num_heads, case.head_dim]}: {shapes}")
+        for name, t in {"q": q, **kv}.items():
+            # The kernel adds the head-dim offset without a stride (`+ dim_pos`).
+            if t.stride(-1) != 1:
+                raise ValueError(f"{name} head_dim stride is {t.stride(-1)}, modelopt's kernel needs 1: shape "
+                                 f"{tuple(t.shape)} strides {tuple(t.stride())}")
+        sp = case.sparsity
+        if tile is not None and sp.mode == "nm" and tile.block_n % sp.m:
+            raise ValueError(f"tile {tile}: block_n must be a multiple of the nm group size m={sp.m}")
+
+
+def split_mismatch(
+    got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor]
+) -> str | None:
+    """None when the plugin's K and V alias exactly the contract's views (same memory, shape and strides)."""
+    for name, g, w in (("K", got[0], want[0]), ("V", got[1], want[1])):
+        if (g.shape, g.stride(), g.data_ptr(), g.dtype) != (w.shape, w.stride(), w.data_ptr(), w.dtype):
+            return (
+                f"{name}: plugin view shape {tuple(g.shape)} strides {tuple(g.stride())} storage offset "
+                f"{g.storage_offset()}, contract view shape {tuple(w.shape)} strides {tuple(w.stride())} storage "
+                f"offset {w.storage_offset()}"
+                + ("" if g.untyped_storage().data_ptr() == w.untyped_storage().data_ptr() else " (other memory)")
+            )
+    return None
+
+
+def _replaying(release: VllmRelease | None) -> str:
+    if release is None:
+        return "replay, no recorded release"
+    return f"REPLAY of vLLM {release.version}, FlashAttentionBackend methods {sorted(release.backend_methods)}"
+
+
+def _recorded_release(contract: Contract) -> VllmRelease | None:
+    """The recorded release a replayed contract came from: probes name it in the origin, "vllm <version> ..."."""
+    parts = contract.origin.split(" ")
+    if len(parts) < 2 or parts[0] != "vllm":
+        return None
+    return _recording(parts[1])
+
+
+@functools.cache
+def _recording(version: str) -> VllmRelease:
+    return VllmRelease.from_recording(fixtures.load(version))
+
+
+def _sparse_kw(case: Case) -> dict:
+    sp = case.sparsity
+    if sp.mode == "skip_softmax":
+        return {"skip_softmax_threshold": sp.threshold}
+    if sp.mode == "nm":
+        # Always explicit: modelopt's own default for dense_recent_tokens is 64, the harness's is 0.
+        return {"sparsity_n": sp.n, "sparsity_m": sp.m, "dense_sink_tokens": sp.sink, "dense_recent_tokens": sp.recent}
+    return {}
+
+
+def _varlen(case: Case, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """b_start_loc, b_seq_len for queries and for keys, int32 like vLLM's query_start_loc and seq_lens."""
+
+    def starts_lens(lens: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        n = torch.tensor(lens, dtype=torch.int32)
+        return (n.cumsum(0) - n).to(torch.int32).to(device), n.to(device)
+
+    return (*starts_lens(case.q_lens), *starts_lens(case.kv_lens))
+
+
+@contextlib.contextmanager
+def _tiles(kernel: types.ModuleType, tile: TileConfig | None):
+    """Give modelopt's autotuner exactly the pinned candidate for one call (its single-config path runs it as is)."""
+    if tile is None:
+        yield
+        return
+    import triton
+
+    tuner = kernel._attn_fwd
+    saved = tuner.configs
+    tuner.configs = [
+        triton.Config({"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n}, num_warps=tile.num_warps,
+                      num_stages=tile.num_stages)
+    ]
+    try:
+        yield
+    finally:
+        tuner.configs = saved
+
+
+@contextlib.contextmanager
+def _launch_device(device: torch.device):
+    if device.type != "cpu":
+        yield
+        return
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("modelopt's Triton kernel needs a CUDA device, or TRITON_INTERPRET=1 set before import on CPU")
+    # attention() enters torch.cuda.device(q.device) around each launch, which rejects CPU tensors; under Triton's
+    # CPU interpreter there is no device to select, so for CPU launches that context is a no-op. Nothing else changes.
+    real = torch.cuda.device
+    with mock.patch.object(torch.cuda, "device", lambda d: contextlib.nullcontext() if _is_cpu(d) else real(d)):
+        yield
+
+
+def _is_cpu(d) -> bool:
+    return isinstance(d, torch.device) and d.type == "cpu"
+
+
+class _Handed(Exception):
+    """Raised by the capture in place of the plugin's kernel call, carrying the K/V it was handed."""
+
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        super().__init__("captured")
+        self.views = (k_cache, v_cache)
+
+
+def _plugin_kv_views(plugin: types.ModuleType, kv_cache: torch.Tensor, kv_heads: int, head_size: int):
+    """Run the plugin's FlashAttention forward on a one-sequence prefill; return the K/V views it hands its kernel."""
+
+    def capture(*args, k_cache=None, v_cache=None, **kwargs):
+        raise _Handed(k_cache, v_cache)
+
+    dev = kv_cache.device
+    impl = object.__new__(plugin.ModelOptSparseAttentionImpl)  # as the plugin's _clone_sparse_impl does
+    # A prefill launch with an active sparse transform, so every release takes its Triton path (0.45 sends
+    # decode-only skip-softmax launches to vLLM's native path).
+    impl.__dict__.update(num_kv_heads=kv_heads, head_size=head_size, scale=head_size**-0.5,
+                         sparse_kw={"skip_softmax_threshold": 0.5})
+    meta = types.SimpleNamespace(
+        use_cascade=False, causal=True, num_actual_tokens=2, max_query_len=2, max_seq_len=2,
+        query_start_loc=torch.tensor([0, 2], dtype=torch.int32, device=dev),
+        seq_lens=torch.tensor([2], dtype=torch.int32, device=dev),
+        block_table=torch.zeros(1, 1, dtype=torch.int32, device=dev),
+    )
+    query = torch.zeros(2, kv_heads, head_size, dtype=kv_cache.dtype, device=dev)
+    output = torch.empty_like(query)
+    with mock.patch.object(plugin, "triton_attention", capture):
+        try:
+            impl.forward(types.SimpleNamespace(), query, query, query, kv_cache, meta, output)
+        except _Handed as handed:
+            return handed.views
+    return None
+
+
+@contextlib.contextmanager
+def _backend(mo: _Modelopt, contract: Contract, release: VllmRelease | None):
+    """In replay, the plugin's FlashAttentionBackend is the recorded release's stand-in for the duration."""
+    if mo.live:
+        yield
+        return
+    if release is None:
+        raise ContractError(
+            f"vLLM is not installed, so the modelopt plugin's split needs the recorded release to replay: bind it "
+            f"(ModeloptSubject.for_release) or pass a contract whose origin names it; contract {contract.describe()}"
+        )
+    # 0.46+ caches the detected layout per process (functools.cache); each replayed contract must ask afresh.
+    clear = getattr(getattr(mo.plugin, "_flash_attention_kv_cache_layout", None), "cache_clear", lambda: None)
+    with mock.patch.object(mo.plugin, "FlashAttentionBackend", replay_backend(contract, release)):
+        clear()
+        try:
+            yield
+        finally:
+            clear()
+
+
+def replay_backend(contract: Contract, release: VllmRelease) -> type:
+    """REPLAY stand-in for `release`'s vLLM FlashAttentionBackend: exactly the recorded layout methods, answering
+    from the recorded contract (logical axes for the shape, physical order for the stride order)."""
+
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
+        dims = Dims(num_blocks, block_size, num_kv_heads, head_size)
+        return tuple(dims.size(a) for a in contract.logical)
+
+    def get_kv_cache_stride_order(include_num_layers_dimension=False):
+        if not include_num_layers_dimension:
+            return tuple(contract.logical.index(a) for a in contract.physical if a != "L")
+        if not contract.shared:
+            raise ValueError(f"REPLAY: contract {contract.describe()} records no layer axis")
+        axes = ("L",) + contract.logical
+        return tuple(axes.index(a) for a in contract.physical)
+
+    methods = {"get_kv_cache_shape": get_kv_cache_shape, "get_kv_cache_stride_order": get_kv_cache_stride_order}
+    attrs = {name: staticmethod(methods[name]) for name in release.backend_methods}
+    attrs["__doc__"] = f"REPLAY stand-in for vLLM {release.version} FlashAttentionBackend, {contract.name}"
+    return type("FlashAttentionBackend", (), attrs)
+
+
+class _ReplayImpl:
+    """REPLAY stand-in for vLLM's FlashAttentionImpl, the plugin's base class; vLLM's native forward is absent."""
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("REPLAY: the plugin fell back to vLLM's native FlashAttention forward, which replay lacks")
+
+
+class _ReplayMetadata:
+    """REPLAY stand-in for vLLM's FlashAttentionMetadata (the plugin only annotates with it)."""
+
+
+@functools.cache
+def _load() -> _Modelopt:
+    """Import nvidia-modelopt as KVCONFORM_MODELOPT selects it, and its vLLM plugin (against replay stand-ins
+    when vLLM is not installed)."""
+    spec = os.environ.get(ENV, "")
+    tree = os.path.isdir(spec)
+    if tree:
+        sys.path.insert(0, os.path.abspath(spec))
+    try:
+        import modelopt
+    except ImportError as err:
+        hint = f"`pip install nvidia-modelopt=={spec}`" if spec and not tree else "`pip install .[modelopt]`"
+        raise ModeloptUnavailable(
+            f"nvidia-modelopt is not importable ({err}); install it with {hint}"
+            + (f" (or fix {ENV}={spec}, which is no modelopt source tree)" if tree else "")
+        ) from err
+    found = os.path.dirname(os.path.dirname(os.path.abspath(modelopt.__file__)))
+    version = getattr(modelopt, "__version__", "unknown")
+    if tree and found != os.path.abspath(spec):
+        raise ModeloptUnavailable(f"{ENV}={spec} but modelopt was imported from {found}")
+    if spec and not tree and version != spec:
+        raise ModeloptUnavailable(
+            f"{ENV}={spec} but nvidia-modelopt {version} is installed; `pip install nvidia-modelopt=={spec}`"
+        )
+    live = importlib.util.find_spec("vllm") is not None
+    try:
+        plugin = importlib.import_module(PLUGIN) if live else _import_against_replay(PLUGIN)
+    except ModuleNotFoundError as err:
+        if err.name == PLUGIN:
+            raise ModeloptUnavailable(f"nvidia-modelopt {version} has no vLLM plugin ({PLUGIN}; it first shipped "
+                                      f"in 0.45.0)") from err
+        raise ModeloptUnavailable(f"nvidia-modelopt {version}'s vLLM plugin does not import: {err}") from err
+    kernel = sys.modules[plugin.triton_attention.__module__]
+    return _Modelopt(f"{version} (tree {spec})" if tree else version, plugin, kernel, live)
+
+
+def _import_against_replay(name: str) -> types.ModuleType:
+    # The plugin imports three names from vLLM at module level. They exist only while it imports, so nothing else
+    # in this process (a live probe asking `import vllm`, say) ever sees a stand-in vLLM.
+    stand_in = types.ModuleType(VLLM_FA, "REPLAY stand-in for vLLM's FlashAttention backend module")
+    stand_in.FlashAttentionBackend = type("FlashAttentionBackend", (), {"__doc__": "REPLAY placeholder"})
+    stand_in.FlashAttentionImpl = _ReplayImpl
+    stand_in.FlashAttentionMetadata = _ReplayMetadata
+    parts = VLLM_FA.split(".")
+    fakes = {".".join(parts[:i]): types.ModuleType(".".join(parts[:i])) for i in range(1, len(parts))}
+    fakes[VLLM_FA] = stand_in
+    sys.modules.update(fakes)
+    try:
+        return importlib.import_module(name)
+    finally:
+        for key in fakes:  # only the stand-ins: the modelopt modules imported meanwhile stay imported
+            del sys.modules[key]

@@ -1,0 +1,85 @@
+"""Planted-bug variants of the built-in kernel, to show each conformance check can fail.
+
+A mutant is one exact source line of builtin.py and its replacement; the substituted module is written to a temp
+file and imported fresh, so the production kernel carries no test hooks. A line that no longer exists raises,
+so a mutant cannot silently stop planting its bug.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.subjects import builtin
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted bug: the line of builtin.py it replaces and the buggy line."""
+
+    name: str
+    line: str
+    replacement: str
+
+
+MUTANTS = {
+    m.name: m
+    for m in (
+        # Query head h reads kv head h % kv_heads instead of h // group.
+        Mutant("gqa_mapping", "head = kv_head * group + rows % group",
+               "head = kv_head + (rows % group) * (num_heads // group)"),
+        # Each query sits one position later than it does: it sees the next (future) key.
+        Mutant("causal_offset", "q_pos = kv_len - q_len + tok", "q_pos = kv_len - q_len + tok + 1"),
+        # Pages come from the next sequence's block-table row.
+        Mutant("table_row", "table_row = table_ptr + seq * stride_table",
+               "table_row = table_ptr + ((seq + 1) % (tl.num_programs(0) // q_tiles)) * stride_table"),
+        # Token-in-page and kv-head strides swapped for K (right for neither NHD nor HND).
+        Mutant("kv_stride_axis",
+               "k_rows = page * stride_kb + (n % BLOCK_SIZE) * stride_kn + kv_head * stride_kh",
+               "k_rows = page * stride_kb + (n % BLOCK_SIZE) * stride_kh + kv_head * stride_kn"),
+    )
+}
+
+
+def mutated_source(mutant: Mutant) -> str:
+    """builtin.py's source with the mutant's line replaced; raises if the line is not there exactly once."""
+    source = inspect.getsource(builtin)
+    lines = source.splitlines(keepends=True)
+    hits = [i for i, line in enumerate(lines) if line.strip() == mutant.line]
+    if len(hits) != 1:
+        raise LookupError(
+            f"mutant {mutant.name!r}: line {mutant.line!r} occurs {len(hits)} times in {builtin.__file__}, "
+            "expected exactly once; update the mutant to the kernel's current source"
+        )
+    line = lines[hits[0]]
+    lines[hits[0]] = line[: len(line) - len(line.lstrip())] + mutant.replacement + "\n"
+    return "".join(lines)
+
+
+_DIR = tempfile.mkdtemp(prefix="kvconform_mutants_")
+
+
+def mutant_subject(name: str) -> builtin.BuiltinSubject:
+    """A BuiltinSubject whose kernels are compiled from builtin.py with mutant `name` planted."""
+    if name not in MUTANTS:
+        raise ValueError(f"unknown mutant {name!r}; known: {sorted(MUTANTS)}")
+    module_name = f"kvconform_mutant_{name}"
+    if module_name not in sys.modules:
+        # Triton reads a kernel's source from its file, so the module must live in a real file.
+        path = Path(_DIR) / f"{module_name}.py"
+        path.write_text(mutated_source(MUTANTS[name]))
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[module_name]
+            raise
+    subject = sys.modules[module_name].BuiltinSubject()
+    subject.name = f"builtin[mutant {name}]"
+    return subject

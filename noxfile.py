@@ -1,0 +1,230 @@
+"""kvconform sessions (uv backend; all sessions share uv's wheel cache unless noted).
+
+    nox -s tests                                  harness unit tests (CPU)
+    nox -s conformance                            the default subset of matrix.toml, one session per release
+    nox -s "conformance(release='0.33.0')" -- -x  one release; pytest options after --
+    nox -s replay                                 conformance suites over every recorded fixture, no vLLM (CPU CI)
+    nox -s probe -- 0.32.0 0.33.0 [--check]       record (or check for drift) contracts of chosen releases
+    nox -s nightly                                vLLM main from matrix.toml's [nightly] index (or KVCONFORM_NIGHTLY_INDEX)
+    nox -s report | bench | mutants
+
+A vLLM venv is ~9 GB: KVCONFORM_DROP_VENV=1 or the posarg --drop-venv removes a session's venv when it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+from harness import matrix, results  # noqa: E402
+
+nox.options.default_venv_backend = "uv"
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+RELEASES = matrix.load()
+WHEELS = Path("/opt/wheels")  # a CPU torch wheel lives here on this project's machines; torch from PyPI is CUDA (GBs)
+PYENV = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+
+
+def _expose_interpreters() -> None:
+    """uv cannot download interpreters here and pyenv's shims fail unless a version is selected, so link pyenv's
+    versioned interpreters (python3.12, ...) into one directory put first on PATH; python/python3 stay as they are."""
+    links = ROOT / ".nox" / "interpreters"
+    links.mkdir(parents=True, exist_ok=True)
+    for exe in sorted(PYENV.glob("3.1[0-4]*/bin/python3.1[0-4]")):
+        link = links / exe.name
+        if not link.exists():
+            link.symlink_to(exe)
+    os.environ["PATH"] = os.pathsep.join([str(links), os.environ.get("PATH", "")])
+
+
+_expose_interpreters()
+
+
+def _posargs(session: nox.Session) -> tuple[list[str], bool]:
+    """Posargs without --drop-venv, and whether to drop the venv at the end."""
+    args = [a for a in session.posargs if a != "--drop-venv"]
+    return args, len(args) != len(session.posargs) or os.environ.get("KVCONFORM_DROP_VENV") == "1"
+
+
+def _drop(session: nox.Session) -> None:
+    location = getattr(session.virtualenv, "location", None)
+    if location and Path(location).is_dir():
+        session.log(f"removing {location}")
+        _remove(session, Path(location))
+
+
+def _cpu_torch(session: nox.Session) -> None:
+    """Install a local CPU torch first so that `.[test]` does not pull a CUDA torch from PyPI."""
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    wheels = sorted(WHEELS.glob(f"torch-*-{tag}-*.whl")) if WHEELS.is_dir() else []
+    if wheels and session.python in (None, f"{sys.version_info.major}.{sys.version_info.minor}"):
+        session.install(str(wheels[-1]))
+
+
+def _requested() -> set[str]:
+    """Session names given with -s/--sessions/-e on this nox command line."""
+    out, taking = set(), False
+    for a in sys.argv[1:]:
+        if a == "--":
+            break
+        if a in ("-s", "--session", "--sessions", "-e"):
+            taking = True
+        elif a.startswith("-"):
+            taking = False
+        elif taking:
+            out.add(a)
+    return out
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    args, drop = _posargs(session)
+    try:
+        _cpu_torch(session)
+        session.install("-e", ".[test,modelopt]")
+        session.run("pytest", "tests", "-n", "2", *args)
+    finally:
+        if drop:
+            _drop(session)
+
+
+def _install_error(release: str, detail: str) -> None:
+    """Record the release's install-error in results/, in the results format the report reads."""
+    results.main(["install-error", release, detail, "--dir", str(ROOT / "results")])
+
+
+def _install_vllm(session: nox.Session, release: matrix.Release, *extra: str) -> None:
+    """vLLM (bringing its own CUDA torch) plus kvconform; a failure is the release's install-error."""
+    try:
+        session.install(*extra, *release.requirements, "-e", ".[test]")
+    except nox.command.CommandFailed:
+        _install_error(release.name, f"uv pip install {release.requirement} failed (see the nox log)")
+        session.error(f"install-error: vllm {release.name} could not be installed")
+
+
+def _conformance(session: nox.Session, release: matrix.Release, *extra: str) -> None:
+    args, drop = _posargs(session)
+    try:
+        _install_vllm(session, release, *extra)
+        junit = ROOT / "results" / release.name / "junit.xml"
+        session.run("pytest", "conformance", "--release", release.name, f"--junitxml={junit}", *args)
+    finally:
+        if drop:
+            _drop(session)
+
+
+@nox.session(python="3.12")
+@nox.parametrize("release", [r.name for r in RELEASES if not r.nightly])
+def conformance(session: nox.Session, release: str) -> None:
+    """One release; a plain `nox -s conformance` runs only the default subset (the others say they were skipped)."""
+    r = matrix.get(release)
+    if not r.default and session.name not in _requested():
+        session.skip(f"vllm {release} is not in matrix.toml's default subset; run it by its full session name")
+    _conformance(session, r)
+
+
+@nox.session(python="3.12")
+def nightly(session: nox.Session) -> None:
+    """vLLM main: conformance against the newest nightly wheel, live probe with the drift check against main.json."""
+    _conformance(session, matrix.get("main"), *matrix.install_args(matrix.nightly_index()))
+
+
+@nox.session
+def replay(session: nox.Session) -> None:
+    """Every recorded release's contracts through the conformance suites, without vLLM (fixtures replayed)."""
+    from harness import fixtures
+
+    args, drop = _posargs(session)
+    try:
+        _cpu_torch(session)
+        session.install("-e", ".[test]")
+        junit = ROOT / "results" / "replay" / "junit.xml"
+        session.log(f"replaying {len(fixtures.releases())} recorded releases: {', '.join(fixtures.releases())}")
+        session.run("pytest", "conformance", "--release", "recorded", "-n", "2", "--hypothesis-profile=ci",
+                    f"--junitxml={junit}", *args,
+                    env={"TRITON_INTERPRET": "1"})
+    finally:
+        if drop:
+            _drop(session)
+
+
+@nox.session(venv_backend="none")
+def probe(session: nox.Session) -> None:
+    """Per release named in posargs: install it cold (fresh venv, empty uv cache of its own) and again warm (fresh
+    venv, that cache), print both times, run `python -m harness.probe` in it (record, or --check for drift), then
+    remove the venv and the cache. Install and probe failures are reported per release; the others still run."""
+    names = [a for a in session.posargs if not a.startswith("-")]
+    check = "--check" in session.posargs
+    if not names:
+        session.error("name releases to probe, e.g. `nox -s probe -- 0.33.0` (matrix.toml lists them)")
+    base = Path(os.environ.get("KVCONFORM_VENVS", ROOT / ".nox" / "vllm"))
+    failures, times = [], []
+    for name in names:
+        r = matrix.get(name)
+        venv, cache = base / f"probe-{name}", base / f"cache-{name}"
+        extra = matrix.install_args(matrix.nightly_index()) if r.nightly else []
+        try:
+            _remove(session, cache)
+            cold = _timed_install(session, r, venv, cache, extra)
+            warm = _timed_install(session, r, venv, cache, extra)
+            times.append(f"vllm {name}: install cold {cold:.1f} s, warm {warm:.1f} s")
+            session.log(times[-1])
+            facts = {"cold_s": round(cold, 1), "warm_s": round(warm, 1), "python": r.python, "pins": list(r.pins)}
+            cmd = [str(venv / "bin" / "python"), "-m", "harness.probe", "--release", name, "--install", json.dumps(facts)]
+            session.run(*cmd, *(["--check"] if check else []), env={"PYTHONPATH": str(ROOT)})
+        except nox.command.CommandFailed as e:
+            failures.append(f"{name} ({e.reason or 'failed'})")
+        finally:
+            _remove(session, venv, cache)
+    for line in times:
+        print(line)
+    if failures:
+        session.error(f"probe failed for: {', '.join(failures)}")
+
+
+def _remove(session: nox.Session, *paths: Path) -> None:
+    # rm -rf: one release's venv + uv cache is ~9 GB of small files (~1.5 min here; shutil.rmtree took ~2.5 min).
+    session.run("rm", "-rf", *map(str, paths), external=True, silent=True)
+
+
+def _timed_install(session: nox.Session, r: matrix.Release, venv: Path, cache: Path, extra: list[str]) -> float:
+    _remove(session, venv)
+    start = time.perf_counter()
+    env = {"UV_CACHE_DIR": str(cache)}
+    session.run("uv", "venv", "-q", "--python", r.python, str(venv), env=env, external=True)
+    try:
+        session.run("uv", "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *extra, *r.requirements,
+                    env=env, external=True)
+    except nox.command.CommandFailed:
+        _install_error(r.name, f"uv pip install {r.requirement} failed during probe")
+        raise nox.command.CommandFailed("install-error") from None
+    return time.perf_counter() - start
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    session.install("-e", ".")
+    session.run("python", "-m", "harness.report", "results", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    _cpu_torch(session)
+    session.install("-e", ".")
+    session.run("python", "benchmarks/bench_kernel.py", *session.posargs)
+
+
+@nox.session
+def mutants(session: nox.Session) -> None:
+    _cpu_torch(session)
+    session.install("-e", ".[test]")
+    session.run("pytest", "tests", "-k", "mutant", *session.posargs)

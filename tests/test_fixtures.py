@@ -1,0 +1,129 @@
+"""Recorded contracts: JSON round trip, the drift alarm's messages, the table, and the committed fixtures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import fixtures, matrix
+from harness.contract import Contract, ContractError, Dims
+from harness.fixtures import Recording, drift
+
+NHD = Contract(("KV", "B", "N", "H", "D"), ("KV", "B", "N", "H", "D"), "vllm 0.20.2 FLASH_ATTN NHD")
+HND = Contract(("KV", "B", "N", "H", "D"), ("KV", "B", "H", "N", "D"), "vllm 0.20.2 FLASH_ATTN HND")
+
+
+def _rec(*contracts: Contract, release: str = "0.20.2") -> Recording:
+    return Recording(release, contracts, {"method": "fake", "settings": {"NHD": {"stride_order": [0, 1, 2, 3, 4]}}})
+
+
+def test_round_trip_keeps_contracts_origins_and_observations(tmp_path):
+    rec = _rec(NHD, HND)
+    fixtures.save(rec, tmp_path)
+    back = fixtures.load("0.20.2", tmp_path)
+    assert back == rec
+    assert [c.origin for c in back.contracts] == [NHD.origin, HND.origin]
+    assert back.observations == rec.observations
+    assert fixtures.releases(tmp_path) == ["0.20.2"]
+
+
+def test_load_of_an_unrecorded_release_names_it(tmp_path):
+    with pytest.raises(ContractError, match=r"no recorded contracts for vllm 0\.99\.0 .*nox -s probe -- 0\.99\.0"):
+        fixtures.load("0.99.0", tmp_path)
+
+
+def test_load_rejects_a_file_recording_another_release(tmp_path):
+    fixtures.save(_rec(NHD), tmp_path)
+    (tmp_path / "0.21.0.json").write_text((tmp_path / "0.20.2.json").read_text())
+    with pytest.raises(ContractError, match="records release '0.20.2', not '0.21.0'"):
+        fixtures.load("0.21.0", tmp_path)
+
+
+def test_no_drift_between_a_recording_and_itself():
+    assert drift(_rec(NHD, HND), _rec(NHD, HND)) == []
+
+
+def test_no_drift_for_a_nightly_with_the_same_contracts():
+    live = [Contract(c.logical, c.physical, c.origin.replace("0.20.2", "0.34.0.dev1")) for c in (NHD, HND)]
+    assert drift(_rec(NHD, HND, release="main"), _rec(*live, release="0.34.0.dev1")) == []
+
+
+def test_drift_names_a_changed_stride_order():
+    moved = Contract(HND.logical, ("KV", "B", "N", "H", "D"), HND.origin)
+    assert drift(_rec(NHD, HND), _rec(NHD, moved)) == [
+        "FLASH_ATTN HND: physical (stride) order KV.B.H.N.D -> KV.B.N.H.D"
+    ]
+
+
+def test_drift_names_a_moved_axis():
+    blocks_first = Contract(("B", "KV", "N", "H", "D"), ("B", "KV", "N", "H", "D"), NHD.origin)
+    assert drift(_rec(NHD), _rec(blocks_first)) == [
+        "FLASH_ATTN NHD: logical axes [KV,B,N,H,D] (kv-first) -> [B,KV,N,H,D] (blocks-first)",
+        "FLASH_ATTN NHD: axes moved: KV 0->1, B 1->0",
+        "FLASH_ATTN NHD: physical (stride) order KV.B.N.H.D -> B.KV.N.H.D",
+    ]
+
+
+def test_drift_names_a_changed_split():
+    packed = Contract(("B", "H", "N", "C"), ("B", "N", "H", "C"), NHD.origin)
+    lines = drift(_rec(NHD), _rec(packed))
+    assert "FLASH_ATTN NHD: K/V split unbind KV (K=0, V=1) -> halves of C (K=C[:D], V=C[D:])" in lines
+
+
+def test_drift_names_appeared_and_gone_settings():
+    cross = Contract(NHD.logical, ("B", "L", "KV", "N", "H", "D"), "vllm 0.20.2 FLASH_ATTN NHD cross-layer")
+    lines = drift(_rec(NHD, HND), _rec(NHD, cross))
+    assert lines == [
+        "FLASH_ATTN HND: contract gone (was " + HND.describe() + ")",
+        "FLASH_ATTN NHD cross-layer: new contract " + cross.describe(),
+    ]
+
+
+def test_table_has_one_row_per_release_and_family(tmp_path):
+    fixtures.save(_rec(NHD, HND), tmp_path)
+    packed = Contract(("B", "H", "N", "C"), ("B", "N", "H", "C"), "vllm 0.26.0 FLASH_ATTN NHD")
+    fixtures.save(Recording("0.26.0", (packed,), {"method": "m"}), tmp_path)
+    fixtures.save(Recording("0.27.1", (packed,), {"method": "m"}), tmp_path)
+    rows = fixtures.table(tmp_path).splitlines()
+    assert rows[2].startswith("| 0.20.2 | kv-first | (KV,B,N,H,D) | KV.B.N.H.D (FLASH_ATTN NHD)<br>KV.B.H.N.D")
+    assert rows[3].startswith("| 0.26.0 | packed | (B,H,N,C) | B.N.H.C (FLASH_ATTN NHD) | halves of C")
+    assert [r.rsplit("|", 2)[1].strip() for r in rows[2:]] == ["", "**changed**", "same"]
+    assert len(rows) == 5
+
+
+# The committed fixtures themselves.
+
+RECORDED = fixtures.releases()
+
+
+def test_every_matrix_release_has_a_recording():
+    assert set(RECORDED) == {r.name for r in matrix.load()}
+
+
+@pytest.mark.parametrize("release", RECORDED)
+def test_recording_matches_its_matrix_entry_and_instantiates(release):
+    rec = fixtures.load(release)
+    assert rec.contracts, release
+    assert rec.observations["era"] == matrix.get(release).era
+    dims = Dims(num_blocks=3, block_size=16, kv_heads=4, head_dim=8, num_layers=5, layer=2)
+    for c in rec.contracts:
+        k, v = c.split(c.allocate(dims, torch.float32), dims)
+        assert k.shape == v.shape == (3, 16, 4, 8)
+    # every contract was read with an observed write that put K and V where its split says, and nowhere else
+    writes = list(_writes(rec.observations))
+    assert len(writes) >= len(rec.contracts)
+    k_at = {"packed": "C[0:32]", "kv-first": "KV=0", "blocks-first": "KV=0"}[rec.contracts[0].family]
+    assert all(w["K"] == k_at and w["stray_cells"] == 0 and w["tokens"] == 5 for w in writes)
+
+
+def _writes(obs):
+    if isinstance(obs, dict):
+        if "stray_cells" in obs:
+            yield obs
+        for v in obs.values():
+            yield from _writes(v)
+
+
+def test_main_recording_says_where_it_came_from():
+    obs = fixtures.load("main").observations
+    assert obs["copied_from"] == RECORDED[-2] and "nightly index" in obs["note"]

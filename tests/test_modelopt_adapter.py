@@ -1,0 +1,346 @@
+"""The modelopt subject's adapter on the CPU, against the installed nvidia-modelopt (no CUDA, no vLLM).
+
+Release -> plugin split -> canonical views: for every contract family, physical order and cross-layer arrangement,
+replaying a release the way its probe recorded it, the vLLM plugin's own forward is run and the K/V views it hands
+its kernel are compared with the contract's (memory, shape, strides, and the values written through them).
+A release without FlashAttentionBackend.get_kv_cache_shape is a contract-error carrying the plugin's own text; a
+deliberately broken plugin split is caught. modelopt's Triton kernel runs under TRITON_INTERPRET=1 at tiny shapes
+(its `torch.cuda.device(q.device)` launch context is made a no-op for CPU tensors; see the subject's module).
+
+Under pytest modelopt's autotuner holds one candidate (`_FWD_CONFIGS[:1]` when PYTEST_VERSION is set), so the
+autotuned lane is exercised on the GPU only (benchmarks/gpu_modelopt.py).
+"""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import (modelopt's kernels are jitted on import)
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from harness import fixtures, reference  # noqa: E402
+from harness.cache import paging, write  # noqa: E402
+from harness.cases import Case, Sparsity  # noqa: E402
+from harness.compare import assert_bit_identical, diagnose  # noqa: E402
+from harness.contract import Contract, ContractError, Dims, cross_layer, families  # noqa: E402
+from harness.fixtures import Recording  # noqa: E402
+from harness.subjects import TileConfig  # noqa: E402
+from harness.subjects.modelopt import (  # noqa: E402
+    LAYOUT_METHODS,
+    ModeloptSubject,
+    ModeloptUnavailable,
+    VllmRelease,
+    replay_backend,
+    split_mismatch,
+)
+
+try:  # through the subject, so that KVCONFORM_MODELOPT (a version or a source tree) selects what is tested
+    VERSION = ModeloptSubject().version
+except ModeloptUnavailable as unavailable:
+    pytest.skip(str(unavailable), allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPE_ERA = VllmRelease("0.28.0", frozenset(LAYOUT_METHODS))  # vLLM <= 0.28: get_kv_cache_shape + stride order
+ENUM_ERA = VllmRelease("0.29.0", frozenset())  # vLLM >= 0.29: KVCacheLayout, no shape method
+CONTRACTS = families() + [cross_layer(c, outer) for c in families() for outer in (True, False)]
+
+
+def _dims(contract: Contract, num_blocks: int) -> Dims:
+    return Dims(num_blocks, 16, 2, 32, num_layers=3, layer=1) if contract.shared else Dims(num_blocks, 16, 2, 32)
+
+
+def _filled(contract: Contract, dims: Dims) -> torch.Tensor:
+    """A kv_cache whose every element holds a distinct value, so any wrong view reads different numbers."""
+    kv = contract.allocate(dims, torch.float32)
+    kv.copy_(torch.arange(kv.numel(), dtype=torch.float32).reshape(kv.shape))
+    return kv
+
+
+@pytest.mark.parametrize("num_blocks", [2, 3, 5])  # 2 = the K/V axis size, 3 = the plugin's own probe size
+@pytest.mark.parametrize("contract", CONTRACTS, ids=lambda c: c.name)
+def test_plugin_split_agrees_with_the_contract(contract: Contract, num_blocks: int) -> None:
+    dims = _dims(contract, num_blocks)
+    kv = _filled(contract, dims)
+    got = ModeloptSubject(SHAPE_ERA).split(kv, contract)
+    want = contract.split(kv, dims)
+    assert split_mismatch(got, want) is None
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("contract", CONTRACTS, ids=lambda c: c.name)
+def test_release_without_get_kv_cache_shape_is_a_contract_error(contract: Contract) -> None:
+    kv = contract.allocate(_dims(contract, 3), torch.float16)
+    with pytest.raises(ContractError) as err:
+        ModeloptSubject(ENUM_ERA).split(kv, contract)
+    text = str(err.value)
+    # The plugin's own exception, the release replayed, the full shape and the contract.
+    assert "AttributeError: type object 'FlashAttentionBackend' has no attribute 'get_kv_cache_shape'" in text
+    assert "REPLAY of vLLM 0.29.0" in text and str(tuple(kv.shape)) in text and contract.describe() in text
+
+
+def test_the_plugin_rejects_a_layout_it_does_not_know() -> None:
+    # A release whose shape method answers none of the three families the plugin knows: its RuntimeError, kept.
+    contract = families()[0]
+    kv = contract.allocate(_dims(contract, 3), torch.float16)
+    odd = type("FlashAttentionBackend", (), {"get_kv_cache_shape": staticmethod(lambda *a, **k: (3, 16, 2, 1, 16))})
+    subject = ModeloptSubject(SHAPE_ERA)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("harness.subjects.modelopt.replay_backend", lambda c, r: odd)
+        with pytest.raises(ContractError, match=r"RuntimeError: Unsupported vLLM FlashAttention KV cache shape "
+                                                r"\(3, 16, 2, 1, 16\)"):
+            subject.split(kv, contract)
+
+
+@pytest.mark.parametrize("release", fixtures.releases())
+def test_an_unbound_subject_replays_the_release_a_recorded_contract_names(release: str) -> None:
+    rec = fixtures.load(release)
+    expected = VllmRelease.from_recording(rec)
+    for contract in rec.contracts:
+        dims = _dims(contract, 3)
+        kv = contract.allocate(dims, torch.float16)
+        if "get_kv_cache_shape" not in expected.backend_methods:
+            with pytest.raises(ContractError, match=f"REPLAY of vLLM {release}.*no attribute 'get_kv_cache_shape'"):
+                ModeloptSubject().split(kv, contract)
+        else:
+            assert split_mismatch(ModeloptSubject().split(kv, contract), contract.split(kv, dims)) is None
+
+
+def test_replay_needs_a_release_and_a_well_formed_cache() -> None:
+    contract = families()[2]
+    kv = contract.allocate(_dims(contract, 3), torch.float16)
+    with pytest.raises(ContractError, match="for_release"):
+        ModeloptSubject().split(kv, contract)
+    with pytest.raises(ContractError, match=r"rank 4, expected 5.*shape \(3, 16, 2, 32\)"):
+        ModeloptSubject(SHAPE_ERA).split(kv[:, 0], contract)
+
+
+WRONG_FAMILY = [(c, wrong) for c in families() for wrong in ("kv-first", "blocks-first", "packed") if wrong != c.family]
+
+
+@pytest.mark.parametrize(("contract", "wrong"), WRONG_FAMILY, ids=lambda x: getattr(x, "name", x))
+def test_a_broken_plugin_split_is_caught(contract: Contract, wrong: str) -> None:
+    # The plugin's detection forced to a wrong family. With num_blocks == 2 a wrong unbind still yields two views
+    # of plausible rank (the silent case); the check must see it through memory, shape or strides.
+    import modelopt.torch.sparsity.attention_sparsity.plugins.vllm as plugin
+
+    dims = _dims(contract, 2)
+    kv = _filled(contract, dims)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plugin, "_flash_attention_kv_cache_layout", lambda: wrong)
+        try:
+            got = ModeloptSubject(SHAPE_ERA).split(kv, contract)
+        except ContractError as err:
+            assert contract.describe() in str(err)  # refused, and said so: a contract-error
+            return
+    assert split_mismatch(got, contract.split(kv, dims)) is not None
+
+
+def test_a_wrong_unbind_can_be_silent() -> None:
+    # kv-first read as blocks-first at num_blocks == 2: no exception, two [2, N, H, D] views, wrong memory.
+    import modelopt.torch.sparsity.attention_sparsity.plugins.vllm as plugin
+
+    contract = families()[0]
+    dims = _dims(contract, 2)
+    kv = _filled(contract, dims)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plugin, "_flash_attention_kv_cache_layout", lambda: "blocks-first")
+        got = ModeloptSubject(SHAPE_ERA).split(kv, contract)
+    want = contract.split(kv, dims)
+    assert [g.shape for g in got] == [w.shape for w in want]
+    assert "V: plugin view" in split_mismatch(got, want) or "K: plugin view" in split_mismatch(got, want)
+
+
+def test_swapped_k_and_v_are_caught() -> None:
+    contract = families()[4]
+    kv = _filled(contract, _dims(contract, 3))
+    k, v = ModeloptSubject(SHAPE_ERA).split(kv, contract)
+    assert split_mismatch((v, k), contract.split(kv)) is not None
+
+
+def test_recorded_release_maps_to_its_backend_methods() -> None:
+    def rec(method: str) -> Recording:
+        return Recording("x", (families()[0],), {"method": method})
+
+    assert VllmRelease.from_recording(rec("get_kv_cache_shape + forward write")).backend_methods == {
+        "get_kv_cache_shape"}
+    assert VllmRelease.from_recording(
+        rec("get_kv_cache_shape + get_kv_cache_stride_order + do_kv_cache_update write")).backend_methods == set(
+        LAYOUT_METHODS)
+    assert VllmRelease.from_recording(rec("KVCacheLayout + create_kv_cache_views")).backend_methods == set()
+    explicit = Recording("x", (families()[0],), {"method": "?", "backend_methods": ["get_kv_cache_shape"]})
+    assert VllmRelease.from_recording(explicit).backend_methods == {"get_kv_cache_shape"}
+    with pytest.raises(ContractError, match="observations hold"):
+        VllmRelease.from_recording(Recording("x", (families()[0],), {}))
+
+
+def test_replay_backend_answers_like_vllm() -> None:
+    # Expected values copied from vLLM's own sources: 0.27.1 flash_attn.py (packed, NHD/HND, with layers),
+    # and the shapes modelopt's detection compares against (its probe get_kv_cache_shape(3, 16, 1, 16)).
+    packed_nhd, packed_hnd = families()[4], families()[5]
+    assert packed_nhd.physical == ("B", "N", "H", "C") and packed_hnd.physical == ("B", "H", "N", "C")
+    be = replay_backend(packed_nhd, SHAPE_ERA)
+    assert be.get_kv_cache_shape(3, 16, 1, 16) == (3, 1, 16, 32)
+    assert be.get_kv_cache_stride_order() == (0, 2, 1, 3)
+    assert replay_backend(packed_hnd, SHAPE_ERA).get_kv_cache_stride_order() == (0, 1, 2, 3)
+    assert replay_backend(cross_layer(packed_nhd, False), SHAPE_ERA).get_kv_cache_stride_order(True) == (1, 0, 3, 2, 4)
+    hnd_layers = Contract(packed_hnd.logical, ("B", "H", "L", "N", "C"))  # vLLM's HND cross-layer: L inside H
+    assert replay_backend(hnd_layers, SHAPE_ERA).get_kv_cache_stride_order(True) == (1, 2, 0, 3, 4)
+    assert replay_backend(families()[0], SHAPE_ERA).get_kv_cache_shape(3, 16, 1, 16) == (2, 3, 16, 1, 16)
+    assert replay_backend(families()[2], SHAPE_ERA).get_kv_cache_shape(3, 16, 1, 16) == (3, 2, 16, 1, 16)
+    assert not hasattr(replay_backend(families()[0], ENUM_ERA), "get_kv_cache_shape")
+
+
+def test_a_replayed_split_leaves_no_stand_in_behind() -> None:
+    contract = families()[2]
+    ModeloptSubject(SHAPE_ERA).split(contract.allocate(_dims(contract, 3), torch.float16), contract)
+    import modelopt.torch.sparsity.attention_sparsity.plugins.vllm as plugin
+
+    assert "vllm" not in sys.modules and "vllm.v1.attention.backends.flash_attn" not in sys.modules
+    assert plugin.FlashAttentionBackend.__doc__ == "REPLAY placeholder"
+
+
+# --- the kernel, paged vs dense, in Triton's interpreter ---------------------------------------------------------
+
+SUBJECT = ModeloptSubject(SHAPE_ERA)
+MODES = [Sparsity(), Sparsity("skip_softmax", threshold=0.3), Sparsity("nm", n=2, m=4, sink=2, recent=8)]
+MIXED = dict(q_lens=(1, 5, 20), kv_lens=(7, 5, 37), num_heads=4, kv_heads=2, head_dim=32, block_size=16)
+
+
+def _paged(case: Case, contract: Contract):
+    """Tokens written through the contract's views (where the release puts them), read through the plugin's."""
+    q, k, v = case.inputs()
+    layers = dict(num_layers=3, layer=1) if contract.shared else {}
+    dims = Dims(case.blocks_needed() + 2, case.block_size, case.kv_heads, case.head_dim, **layers)
+    kv = contract.allocate(dims, case.torch_dtype)
+    pg = paging(case.kv_lens, case.block_size, dims.num_blocks, seed=case.seed)
+    write(*contract.split(kv, dims), pg, k, v)
+    k_cache, v_cache = SUBJECT.split(kv, contract)
+    return q, k, v, k_cache, v_cache, pg
+
+
+@pytest.mark.parametrize("sparsity", MODES, ids=lambda s: s.mode)
+@pytest.mark.parametrize("contract", [families()[1], families()[2], families()[5], cross_layer(families()[3], False)],
+                         ids=lambda c: c.name)
+def test_paged_is_bit_identical_to_dense_with_a_pinned_tile(contract: Contract, sparsity: Sparsity) -> None:
+    case = Case(**MIXED, sparsity=sparsity, dtype="bfloat16" if sparsity.mode == "nm" else "float16")
+    tile = SUBJECT.tile_config(case)
+    q, k, v, k_cache, v_cache, pg = _paged(case, contract)
+    paged = SUBJECT.paged_forward(case, q, k_cache, v_cache, pg, tile)
+    assert SUBJECT.last_tile == tile
+    dense = SUBJECT.dense_forward(case, q, k, v, tile)
+    assert not paged.isnan().any()  # no poisoned spare page was read
+    assert_bit_identical(paged, dense, f"modelopt {contract.name} {sparsity}")
+
+
+def test_a_wrong_split_makes_paged_differ_from_dense() -> None:
+    contract = families()[2]
+    case = Case(**MIXED)
+    tile = SUBJECT.tile_config(case)
+    q, k, v, k_cache, v_cache, pg = _paged(case, contract)
+    swapped = SUBJECT.paged_forward(case, q, v_cache, k_cache, pg, tile)
+    assert diagnose(swapped, SUBJECT.dense_forward(case, q, k, v, tile)) is not None
+
+
+def test_a_different_tile_is_not_bit_identical() -> None:
+    # Why the bit-identity lane pins: the same inputs under another tile round differently.
+    case = Case(q_lens=(40,), kv_lens=(200,), num_heads=2, kv_heads=1, head_dim=32, block_size=16)
+    q, k, v = case.inputs()
+    a = SUBJECT.dense_forward(case, q, k, v, TileConfig(64, 32, 4, 2))
+    b = SUBJECT.dense_forward(case, q, k, v, TileConfig(16, 64, 4, 2))
+    assert diagnose(a, b) is not None
+
+
+def test_dense_kernel_agrees_with_the_oracle_without_sparsity() -> None:
+    case = Case(**MIXED)
+    q, k, v = case.inputs()
+    out = SUBJECT.dense_forward(case, q, k, v, SUBJECT.tile_config(case)).double()
+    # fp16 inputs, fp32 accumulation: a few fp16 ulps of max|V| (about 4) is the rounding budget.
+    assert (out - reference.attention(case, q, k, v, 32)).abs().max() < 4 * 2**-11 * v.abs().max()
+
+
+def test_nm_keeps_decode_rows_dense_unlike_the_oracle() -> None:
+    # modelopt: `dense_tokens = (seq_len_q <= 1) | ...`; the harness oracle sparsifies decode rows too.
+    base = dict(q_lens=(1,), kv_lens=(64,), num_heads=2, kv_heads=1, head_dim=32, block_size=16)
+    nm, dense = Case(**base, sparsity=Sparsity("nm", n=1, m=4)), Case(**base)
+    q, k, v = nm.inputs()
+    out = SUBJECT.dense_forward(nm, q, k, v, SUBJECT.tile_config(nm)).double()
+    budget = 4 * 2**-11 * v.abs().max()
+    assert (out - reference.attention(dense, q, k, v, 32)).abs().max() < budget
+    assert (out - reference.attention(nm, q, k, v, 32)).abs().max() > 10 * budget
+
+
+def test_skip_softmax_decides_per_query_tile_unlike_the_oracle() -> None:
+    # Row 0 of a prefill sees one key, so its running max stays at that key while later keys are larger: it
+    # would keep every later tile; the oracle decides each row alone, modelopt the whole 64-row query tile.
+    case = Case(q_lens=(64,), kv_lens=(256,), num_heads=1, kv_heads=1, head_dim=32, block_size=16,
+                causal=False, sparsity=Sparsity("skip_softmax", threshold=0.5))
+    q, k, v = case.inputs()
+    k = k.clone()
+    k[:32] *= 4  # the first key tile dominates for most rows, not for all
+    out = SUBJECT.dense_forward(case, q, k, v, SUBJECT.tile_config(case)).double()
+    per_row = reference.attention(case, q, k, v, 32)
+    assert diagnose(out.half(), per_row.half()) is not None
+
+
+# --- installation and version selection ------------------------------------------------------------------------
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+def test_module_imports_without_modelopt_and_says_how_to_install() -> None:
+    run = _python("import sys; sys.modules['modelopt'] = None\n"
+                  "from harness.subjects.modelopt import ModeloptSubject, ModeloptUnavailable\n"
+                  "try:\n    ModeloptSubject().version\nexcept ModeloptUnavailable as e:\n    print(e)")
+    assert run.returncode == 0, run.stderr
+    assert "pip install .[modelopt]" in run.stdout
+
+
+def test_a_version_other_than_the_installed_one_is_refused() -> None:
+    run = _python("from harness.subjects.modelopt import ModeloptSubject, ModeloptUnavailable\n"
+                  "try:\n    ModeloptSubject().version\nexcept ModeloptUnavailable as e:\n    print(e)",
+                  KVCONFORM_MODELOPT="0.0.1")
+    assert run.returncode == 0, run.stderr
+    assert "KVCONFORM_MODELOPT=0.0.1 but nvidia-modelopt" in run.stdout and "nvidia-modelopt==0.0.1" in run.stdout
+
+
+def test_bad_input_is_refused_before_any_launch() -> None:
+    contract = families()[0]
+    case = Case(**MIXED)
+    tile = SUBJECT.tile_config(case)
+    q, k, v, k_cache, v_cache, pg = _paged(case, contract)
+    bad_table = type(pg)(pg.block_table.clone(), pg.slot_mapping, pg.kv_lens, pg.block_size)
+    bad_table.block_table[2, 0] = k_cache.shape[0]
+    with pytest.raises(ValueError, match=r"row 2 \(kv_len 37\) holds pages"):
+        SUBJECT.paged_forward(case, q, k_cache, v_cache, bad_table, tile)
+    with pytest.raises(ValueError, match=r"k_cache shape \(.*\) strides .* is not a \[num_blocks, block_size"):
+        SUBJECT.paged_forward(case, q, k_cache[:, :8], v_cache, pg, tile)
+    with pytest.raises(ValueError, match="head_dim stride is 2"):
+        SUBJECT.dense_forward(case, q, k, torch.stack([v, v], -1).flatten(-2)[..., ::2], tile)
+    with pytest.raises(ValueError, match="head_dim 8 not supported"):
+        small = Case(**{**MIXED, "head_dim": 8})
+        SUBJECT.dense_forward(small, *small.inputs(), tile)
+    with pytest.raises(ValueError, match="block_n must be a multiple of the nm group size m=8"):
+        nm = Case(**MIXED, sparsity=Sparsity("nm", n=2, m=8))
+        SUBJECT.dense_forward(nm, q, k, v, TileConfig(16, 4, 4, 1))
+
+
+def test_pinning_is_undone_and_unpinned_calls_run_modelopts_own_candidates() -> None:
+    import modelopt.torch.kernels.common.attention.triton_fa as fa
+
+    own = fa._attn_fwd.configs
+    case = Case(**MIXED)
+    q, k, v = case.inputs()
+    SUBJECT.dense_forward(case, q, k, v, TileConfig(16, 64, 4, 1))
+    assert fa._attn_fwd.configs is own
+    SUBJECT.dense_forward(case, q, k, v, None)
+    # Under pytest modelopt keeps one candidate (_FWD_CONFIGS[:1] when PYTEST_VERSION is set): the real autotuned
+    # lane only exists outside pytest, on a GPU.
+    assert SUBJECT.last_tile in [TileConfig(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+                                 for c in own]

@@ -1,0 +1,59 @@
+"""Result lines: per-worker files merged into one file per release; outcome words checked."""
+
+import json
+
+import pytest
+
+from harness import results
+from harness.results import Result
+
+
+def result(release="0.30.0", outcome="bit-identical", **kw):
+    return Result(release, "replay", "builtin", "kv-first:KV.B.N.H.D", "bit-identity", "none", outcome, **kw)
+
+
+def test_workers_merge_into_one_file_and_replace_the_previous_run(tmp_path):
+    results.append(tmp_path, result(case="a"), "gw0")
+    results.append(tmp_path, result(case="b"), "gw1")
+    results.append(tmp_path, result("0.9.2", case="c"), "gw1")
+    results.merge(tmp_path, "0.30.0")
+    assert sorted(r.case for r in results.read(tmp_path)) == ["a", "b"]  # 0.9.2 is not merged yet
+    assert not list((tmp_path / "0.30.0").glob("results.gw*.jsonl"))
+    results.append(tmp_path, result(case="d"), "gw0")
+    results.merge(tmp_path, "0.30.0")
+    results.merge(tmp_path, "0.9.2")
+    assert sorted(r.case for r in results.read(tmp_path)) == ["c", "d"]
+
+
+def test_lines_are_plain_json_with_every_field(tmp_path):
+    results.append(tmp_path, result(outcome="differs", diagnosis="3 of 8 differ", repro="REPRO ..."), "main")
+    path = results.merge(tmp_path, "0.30.0")
+    line = json.loads(path.read_text())
+    assert set(line) == {"release", "source", "subject", "geometry", "check", "sparsity", "outcome", "case",
+                         "repro", "diagnosis", "known"}
+    assert line["outcome"] == "differs" and line["diagnosis"] == "3 of 8 differ"
+
+
+def test_unknown_outcome_words_are_refused():
+    with pytest.raises(ValueError, match="unknown outcome 'pass'"):
+        result(outcome="pass")
+
+
+def test_a_corrupt_line_names_its_file(tmp_path):
+    (tmp_path / "0.1.0").mkdir()
+    (tmp_path / "0.1.0" / "results.jsonl").write_text('{"release": "0.1.0"}\n')
+    with pytest.raises(ValueError, match="results.jsonl:1"):
+        results.read(tmp_path)
+
+
+def test_install_errors_are_recorded_by_command(tmp_path):
+    assert results.main(["install-error", "0.8.5.post1", "no wheel for cp312", "--dir", str(tmp_path)]) == 0
+    [r] = results.read(tmp_path)
+    assert (r.release, r.outcome, r.diagnosis) == ("0.8.5.post1", "install-error", "no wheel for cp312")
+
+
+def test_a_session_that_checked_nothing_keeps_the_previous_run(tmp_path):
+    results.append(tmp_path, result(case="a"), "gw0")
+    results.merge(tmp_path, "0.30.0")
+    results.merge(tmp_path, "0.30.0")
+    assert [r.case for r in results.read(tmp_path)] == ["a"]

@@ -1,0 +1,126 @@
+"""The strategies build only valid examples, reach every corner they promise, and keep compile-time values fixed."""
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from harness.cases import SPARSITY_MODES
+from harness.contract import cross_layer, families
+from harness.strategies import CPU, GPU, Example, examples, kv_lengths, num_blocks, sequence_mixes
+
+CONTRACTS = families() + [cross_layer(c, outer) for c in families()[:2] for outer in (True, False)]
+FIND = settings(max_examples=2000, database=None, suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+
+
+class _Found(Exception):
+    pass
+
+
+def find(strategy, predicate, settings=FIND):
+    """The first generated value satisfying `predicate` (no shrinking: reaching it is the point); fails if none."""
+    hit = []
+
+    @settings
+    @given(strategy)
+    def search(value):
+        if predicate(value):
+            hit.append(value)
+            raise _Found
+
+    try:
+        search()
+    except _Found:
+        return hit[0]
+    raise AssertionError(f"no value satisfying the predicate in {settings.max_examples} examples")
+
+
+@settings(max_examples=150, database=None)
+@given(ex=examples(CONTRACTS, CPU))
+def test_examples_are_valid_and_round_trip(ex):
+    assert Example.from_json(ex.to_json()) == ex
+    assert ex.num_blocks >= ex.case.blocks_needed()
+    pages = ex.paging()  # raises if the cache is too small
+    assert pages.block_table.max() < ex.num_blocks
+    kv_cache = ex.contract.allocate(ex.dims, ex.case.torch_dtype, "meta")
+    ex.contract.validate(kv_cache, ex.dims)
+    assert 1 <= ex.num_layers <= 8 and 0 <= ex.layer < ex.num_layers
+    if not ex.contract.shared:
+        assert ex.num_layers == 1
+
+
+@settings(max_examples=150, database=None)
+@given(ex=examples(CONTRACTS, CPU))
+def test_compile_time_values_come_from_the_fixed_sets(ex):
+    c = ex.case
+    assert c.head_dim in CPU.head_dims and c.block_size in CPU.block_sizes and c.dtype in CPU.dtypes
+    assert c.kv_heads in CPU.kv_heads and c.num_heads // c.kv_heads in CPU.groups
+    assert c.sparsity.mode in SPARSITY_MODES
+    if c.sparsity.mode == "nm":
+        assert c.sparsity.m in CPU.nm_groups
+    assert max(c.kv_lens) <= CPU.long_len and len(c.kv_lens) <= CPU.max_seqs
+
+
+def test_page_boundary_lengths_are_reached():
+    for bs in CPU.block_sizes:
+        for edge in (1, bs - 1, bs, bs + 1, CPU.long_len):
+            assert find(kv_lengths(bs, CPU.long_len), lambda n, e=edge: n == e, settings=FIND) == edge
+
+
+def test_sequence_kinds_and_mixes_are_reached():
+    mixes = sequence_mixes(16, CPU)
+    find(mixes, lambda m: any(1 < q < kv for q, kv in zip(*m)), settings=FIND)  # chunked prefill
+    find(mixes, lambda m: any(q == kv > 1 for q, kv in zip(*m)), settings=FIND)  # prefill
+    find(mixes, lambda m: any(q == 1 < kv for q, kv in zip(*m)), settings=FIND)  # decode
+    # one batch holding a prefill, a chunked prefill and a decode
+    find(mixes, lambda m: {("p" if q == kv else "d" if q == 1 else "c") for q, kv in zip(*m)} == {"p", "c", "d"},
+         settings=FIND)
+
+
+def test_ambiguous_block_counts_and_spare_pages_are_reached():
+    for n in (2, 3):
+        assert find(num_blocks(1), lambda b, n=n: b == n, settings=FIND) == n
+    find(num_blocks(5), lambda b: b > 5, settings=FIND)
+    find(examples(CONTRACTS, CPU), lambda e: e.num_blocks == 2 and e.case.blocks_needed() == 2, settings=FIND)
+
+
+def test_every_contract_page_order_and_layer_arrangement_is_reached():
+    for c in CONTRACTS:
+        find(examples([c], CPU), lambda e, c=c: e.contract == c, settings=FIND)
+    for order in ("shuffled", "reversed", "sequential"):
+        find(examples(CONTRACTS, CPU), lambda e, o=order: e.page_order == o, settings=FIND)
+    # the last page of the cache holds tokens
+    find(examples(CONTRACTS, CPU), lambda e: int(e.paging().block_table.max()) == e.num_blocks - 1 and
+         e.num_blocks > e.case.blocks_needed(), settings=FIND)
+    shared = [c for c in CONTRACTS if c.shared]
+    find(examples(shared, CPU), lambda e: e.num_layers == 8 and e.layer == 7, settings=FIND)
+
+
+def test_gqa_mqa_sparsity_and_dtypes_are_reached():
+    ex = examples(CONTRACTS, CPU)
+    find(ex, lambda e: e.case.kv_heads == 1 and e.case.num_heads > 1, settings=FIND)  # MQA
+    find(ex, lambda e: 1 < e.case.kv_heads < e.case.num_heads, settings=FIND)  # GQA
+    for mode in SPARSITY_MODES:
+        find(ex, lambda e, m=mode: e.case.sparsity.mode == m, settings=FIND)
+    for dtype in CPU.dtypes:
+        find(ex, lambda e, d=dtype: e.case.dtype == d, settings=FIND)
+    find(ex, lambda e: not e.case.causal, settings=FIND)
+
+
+@settings(max_examples=30, database=None)
+@given(ex=examples(families(), GPU))
+def test_gpu_sizes_are_realistic_but_valid(ex):
+    assert ex.case.head_dim in GPU.head_dims and max(ex.case.kv_lens) <= GPU.long_len
+    ex.paging()
+
+
+def test_shrinks_to_the_plain_end():
+    from hypothesis import find as shrink_to
+
+    ex = shrink_to(examples(families(), CPU), lambda e: True, settings=settings(database=None))
+    assert ex.case.q_lens == (1,) and ex.case.kv_lens == (1,) and ex.case.sparsity.mode == "none"
+    assert ex.case.causal and ex.page_order == "shuffled"
+
+
+def test_strategies_compose():
+    # A suite can swap in its own case strategy and keep the geometry and paging builders.
+    decode_only = st.builds(lambda e: e, examples(families(), CPU)).filter(lambda e: max(e.case.q_lens) == 1)
+    assert max(find(decode_only, lambda e: len(e.case.q_lens) == 3, settings=FIND).case.q_lens) == 1
