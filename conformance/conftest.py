@@ -47,7 +47,7 @@ REGRESSIONS = str(REPO / "fixtures" / "regressions")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SIZES = GPU if DEVICE == "cuda" else CPU
 # Examples per (release, geometry, check). ci: the CPU interpreter, every recorded release within CI's budget
-# (see /work/notes/suites.md for the measured cost); gpu: one H200, >= 2,000 examples per release; nightly: more.
+# (see docs/suites.md for the measured cost); gpu: one H200, >= 2,000 examples per release; nightly: more.
 # No deadline on CPU (the interpreter's speed depends on the machine's load); on GPU a generous one that a first
 # compile of a new constexpr combination (seconds) stays under, so that only a hang or a pathological slow-down trips.
 _COMMON = dict(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], report_multiple_bugs=False,

@@ -1,6 +1,6 @@
 """The `modelopt` subject: nvidia-modelopt's Triton flash-attention kernel and its vLLM plugin's own K/V split.
 
-What runs is modelopt's code, unchanged (facts per release in /work/notes/modelopt.md):
+What runs is modelopt's code, unchanged (facts per release in docs/modelopt.md):
 - forwards: `modelopt/torch/kernels/common/attention/triton_fa.py::attention` (the function the plugin imports as
   `triton_attention`), paged (k_cache/v_cache [num_blocks, page, H, D] views + block_table + page_size, as the
   plugin calls it) or dense (contiguous [total_kv, H, D] token rows). One kernel, `_attn_fwd`, serves both;
