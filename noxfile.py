@@ -13,10 +13,12 @@ A vLLM venv is ~9 GB: KVCONFORM_DROP_VENV=1 or the posarg --drop-venv removes a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import nox
@@ -49,17 +51,19 @@ def _expose_interpreters() -> None:
 _expose_interpreters()
 
 
-def _posargs(session: nox.Session) -> tuple[list[str], bool]:
-    """Posargs without --drop-venv, and whether to drop the venv at the end."""
+@contextlib.contextmanager
+def _posargs(session: nox.Session) -> Iterator[list[str]]:
+    """Posargs without --drop-venv; on exit the session's venv is removed when --drop-venv or
+    KVCONFORM_DROP_VENV=1 asked for it."""
     args = [a for a in session.posargs if a != "--drop-venv"]
-    return args, len(args) != len(session.posargs) or os.environ.get("KVCONFORM_DROP_VENV") == "1"
-
-
-def _drop(session: nox.Session) -> None:
-    location = getattr(session.virtualenv, "location", None)
-    if location and Path(location).is_dir():
-        session.log(f"removing {location}")
-        _remove(session, Path(location))
+    try:
+        yield args
+    finally:
+        location = getattr(session.virtualenv, "location", None)
+        drop = len(args) != len(session.posargs) or os.environ.get("KVCONFORM_DROP_VENV") == "1"
+        if drop and location and Path(location).is_dir():
+            session.log(f"removing {location}")
+            _remove(session, Path(location))
 
 
 def _cpu_torch(session: nox.Session) -> None:
@@ -87,14 +91,10 @@ def _requested() -> set[str]:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    args, drop = _posargs(session)
-    try:
+    with _posargs(session) as args:
         _cpu_torch(session)
         session.install("-e", ".[test,modelopt]")
         session.run("pytest", "tests", "-n", "2", *args)
-    finally:
-        if drop:
-            _drop(session)
 
 
 def _install_error(release: str, detail: str) -> None:
@@ -112,14 +112,10 @@ def _install_vllm(session: nox.Session, release: matrix.Release, *extra: str) ->
 
 
 def _conformance(session: nox.Session, release: matrix.Release, *extra: str) -> None:
-    args, drop = _posargs(session)
-    try:
+    with _posargs(session) as args:
         _install_vllm(session, release, *extra)
         junit = ROOT / "results" / release.name / "junit.xml"
         session.run("pytest", "conformance", "--release", release.name, f"--junitxml={junit}", *args)
-    finally:
-        if drop:
-            _drop(session)
 
 
 @nox.session(python="3.12")
@@ -143,18 +139,13 @@ def replay(session: nox.Session) -> None:
     """Every recorded release's contracts through the conformance suites, without vLLM (fixtures replayed)."""
     from harness import fixtures
 
-    args, drop = _posargs(session)
-    try:
+    with _posargs(session) as args:
         _cpu_torch(session)
         session.install("-e", ".[test]")
         junit = ROOT / "results" / "replay" / "junit.xml"
         session.log(f"replaying {len(fixtures.releases())} recorded releases: {', '.join(fixtures.releases())}")
         session.run("pytest", "conformance", "--release", "recorded", "-n", "2", "--hypothesis-profile=ci",
-                    f"--junitxml={junit}", *args,
-                    env={"TRITON_INTERPRET": "1"})
-    finally:
-        if drop:
-            _drop(session)
+                    f"--junitxml={junit}", *args, env={"TRITON_INTERPRET": "1"})
 
 
 @nox.session(venv_backend="none")

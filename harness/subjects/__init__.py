@@ -53,6 +53,17 @@ class Subject(Protocol):
         """The same attention over contiguous K/V token rows."""
 
 
+def check_paged_views(case: Case, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """Raise ValueError unless K and V are canonical [num_blocks, block_size, kv_heads, head_dim] views for `case`."""
+    want = (case.block_size, case.kv_heads, case.head_dim)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4 or tuple(t.shape[1:]) != want:
+            raise ValueError(
+                f"{name} shape {tuple(t.shape)} strides {tuple(t.stride())} is not a [num_blocks, block_size, "
+                f"kv_heads, head_dim] view with [block_size, kv_heads, head_dim] = {list(want)}"
+            )
+
+
 SUBJECTS = {"builtin": "harness.subjects.builtin:BuiltinSubject", "modelopt": "harness.subjects.modelopt:ModeloptSubject"}
 
 

@@ -20,7 +20,7 @@ import triton.language as tl
 from harness.cache import Paging
 from harness.cases import Case
 from harness.contract import Contract
-from harness.subjects import TileConfig
+from harness.subjects import TileConfig, check_paged_views
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
 NM_GROUPS = (2, 4, 8, 16)
@@ -219,13 +219,7 @@ class BuiltinSubject:
         tile: TileConfig | None,
     ) -> torch.Tensor:
         _check_case(self, case, q, k_cache, v_cache)
-        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-            want = (case.block_size, case.kv_heads, case.head_dim)
-            if t.dim() != 4 or tuple(t.shape[1:]) != want:
-                raise ValueError(
-                    f"{name} shape {tuple(t.shape)} is not a [num_blocks, block_size, kv_heads, head_dim] view "
-                    f"with [block_size, kv_heads, head_dim] = {list(want)}"
-                )
+        check_paged_views(case, k_cache, v_cache)
         _check_table(case, paging, k_cache.shape[0])
         return launch(case, q, k_cache, v_cache, paging.block_table.to(q.device), tile or self.tile_config(case),
                       batch_tensors(case, q.device))

@@ -47,7 +47,7 @@ from harness.cases import Case
 from harness.contract import Contract, ContractError, Dims
 from harness import fixtures
 from harness.fixtures import Recording
-from harness.subjects import TileConfig
+from harness.subjects import TileConfig, check_paged_views
 
 ENV = "KVCONFORM_MODELOPT"  # a PyPI version ("0.47.0") or a modelopt source tree (a directory holding `modelopt/`)
 PLUGIN = "modelopt.torch.sparsity.attention_sparsity.plugins.vllm"
@@ -159,13 +159,7 @@ class ModeloptSubject:
         tile: TileConfig | None,
     ) -> torch.Tensor:
         self._check(case, tile, q, k=k_cache, v=v_cache)
-        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-            want = (case.block_size, case.kv_heads, case.head_dim)
-            if t.dim() != 4 or tuple(t.shape[1:]) != want:
-                raise ValueError(
-                    f"{name} shape {tuple(t.shape)} strides {tuple(t.stride())} is not a [num_blocks, block_size, "
-                    f"kv_heads, head_dim] view with [block_size, kv_heads, head_dim] = {list(want)}"
-                )
+        check_paged_views(case, k_cache, v_cache)
         table = paging.block_table.to(device=q.device, dtype=torch.int32).contiguous()
         if (paging.kv_lens, paging.block_size, table.shape[0]) != (case.kv_lens, case.block_size, len(case.kv_lens)):
             raise ValueError(
