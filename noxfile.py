@@ -6,7 +6,7 @@
     nox -s replay                                 conformance suites over every recorded fixture, no vLLM (CPU CI)
     nox -s probe -- 0.32.0 0.33.0 [--check]       record (or check for drift) contracts of chosen releases
     nox -s nightly                                vLLM main from matrix.toml's [nightly] index (or KVCONFORM_NIGHTLY_INDEX)
-    nox -s report | bench | mutants
+    nox -s report | bench | bench_suites | mutants
 
 A vLLM venv is ~9 GB: KVCONFORM_DROP_VENV=1 or the posarg --drop-venv removes a session's venv when it ends.
 """
@@ -212,6 +212,13 @@ def bench(session: nox.Session) -> None:
     _cpu_torch(session)
     session.install("-e", ".")
     session.run("python", "benchmarks/bench_kernel.py", *session.posargs)
+
+
+@nox.session
+def bench_suites(session: nox.Session) -> None:
+    """Kernel examples per second of the suites on CUDA, cold and warm compile cache, one GPU and all."""
+    session.install("-e", ".[test]")
+    session.run("python", "benchmarks/bench_suites.py", *session.posargs)
 
 
 @nox.session

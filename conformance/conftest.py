@@ -8,10 +8,12 @@ is kept under fixtures/regressions/<subject>/ and replayed first by every later 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
 import shlex
+import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -19,12 +21,14 @@ from pathlib import Path
 
 def _prepare_environment() -> None:
     # Before any kernel module is imported: Triton picks its interpreter at @triton.jit time, and xdist workers
-    # inherit this environment, so they all share one compile cache (across sessions too; CI caches the folder).
+    # and warm-up processes inherit this environment, so they all share one compile cache (across sessions too;
+    # CI caches the folder) and count their compiles the same way.
     import torch
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("TRITON_CACHE_DIR", str(Path.home() / ".cache" / "kvconform" / "triton"))
+    os.environ.setdefault("TRITON_CACHE_MANAGER", "harness.compiles:CountingCacheManager")
 
 
 _prepare_environment()
@@ -34,18 +38,22 @@ import torch  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from harness import findings, fixtures, results  # noqa: E402
-from harness.cache import Paging, write  # noqa: E402
-from harness.compare import diagnose  # noqa: E402
+from harness import compiles, devices, findings, fixtures, results  # noqa: E402
+from harness.cache import Paging, read, write  # noqa: E402
+from harness.compare import bits, diagnose  # noqa: E402
 from harness.contract import Contract, ContractError  # noqa: E402
-from harness.strategies import CPU, GPU, Example, examples  # noqa: E402
+from harness.strategies import CPU, GPU, Example, examples, warmup_shards  # noqa: E402
 from harness.subjects import load_subject  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CONTRACTS = str(fixtures.ROOT)
 REGRESSIONS = str(REPO / "fixtures" / "regressions")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-SIZES = GPU if DEVICE == "cuda" else CPU
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+DEVICE = devices.worker_device(WORKER)
+SIZES = GPU if DEVICE.startswith("cuda") else CPU
+# Checks that launch the subject's kernels; the others (split agreement, malformed caches, contracts) run first.
+KERNEL_CHECKS = ("bit-identity", "determinism", "oracle")
+POISONED = "the device is unusable after this call"
 # Examples per (release, geometry, check). ci: the CPU interpreter, every recorded release within CI's budget
 # (see docs/suites.md for the measured cost); gpu: one H200, >= 2,000 examples per release; nightly: more.
 # No deadline on CPU (the interpreter's speed depends on the machine's load); on GPU a generous one that a first
@@ -77,14 +85,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="folder of known-findings files, <subject>.toml")
     g.addoption("--regressions-dir", default=REGRESSIONS,
                 help="where shrunk failing examples are kept and replayed from")
+    g.addoption("--workers-per-gpu", type=int, default=None,
+                help="on CUDA the suites run in pytest-xdist workers, this many per visible GPU, each pinned to "
+                     f"one GPU (env KVCONFORM_WORKERS_PER_GPU; default {devices.WORKERS_PER_GPU}); -n overrides")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    # Before xdist reads -n: on CUDA, no -n means GPUs x workers-per-GPU workers (-n 0 keeps one process).
+    if WORKER or not devices.gpus() or not config.pluginmanager.hasplugin("xdist"):
+        return
+    if config.option.numprocesses is None and not config.option.collectonly:
+        config.option.numprocesses = _workers(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    return _workers(config) if devices.gpus() else None
+
+
+def _workers(config: pytest.Config) -> int:
+    try:
+        return devices.gpus() * devices.workers_per_gpu(config.getoption("workers_per_gpu"))
+    except ValueError as e:
+        raise pytest.UsageError(f"--workers-per-gpu / KVCONFORM_WORKERS_PER_GPU: {e}") from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # One id per session, inherited by its xdist workers: their result files are told apart from another session's.
     os.environ.setdefault("KVCONFORM_RUN", f"run{os.getpid()}")
+    if DEVICE.startswith("cuda") and (WORKER or not getattr(config.option, "numprocesses", None)):
+        torch.cuda.set_device(DEVICE)  # kernels launch on the current device: this process's GPU
     # --hypothesis-profile (hypothesis' own option) wins; else KVCONFORM_PROFILE; else by device.
     if not config.getoption("hypothesis_profile", None):
-        settings.load_profile(os.environ.get("KVCONFORM_PROFILE", "gpu" if DEVICE == "cuda" else "dev"))
+        settings.load_profile(os.environ.get("KVCONFORM_PROFILE", "gpu" if DEVICE.startswith("cuda") else "dev"))
     config.kvconform = Session.start(config)
     # The interpreter computes masked-out rows of a tile too (0/0 there is discarded by the kernel's store mask).
     config.addinivalue_line("filterwarnings", "ignore:invalid value encountered:RuntimeWarning")
@@ -146,6 +180,8 @@ class Session:
     regressions_dir: Path
     worker: str
     args: str  # pytest options that select this session, for repro lines
+    warmup: compiles.Warmup | None = None
+    workers: dict[str, dict] = field(default_factory=dict)  # xdist worker id -> what it reported at its end
 
     @classmethod
     def start(cls, config: pytest.Config) -> Session:
@@ -184,10 +220,53 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             f"deadline {profile.deadline})"] + [f"kvconform release {r.describe()}" for r in s.releases]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """On CUDA, compile every kernel variant the run can draw before any example (and before xdist starts its
+    workers, whose examples then only load them from the disk cache)."""
+    config = session.config
+    s: Session = config.kvconform
+    contract = next((c for r in s.releases for c in r.contracts), None)
+    if not _is_controller(config) or not DEVICE.startswith("cuda") or config.option.collectonly or contract is None:
+        return
+    gpus = [f"cuda:{i}" for i in range(devices.gpus())]
+    cpus = len(os.sched_getaffinity(0))
+    s.warmup = compiles.warm(config.getoption("subject"), warmup_shards(SIZES), contract, gpus, cpus)
+    config.get_terminal_writer().line(f"kvconform {s.warmup.describe()}")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    node.config.kvconform.workers[node.gateway.id] = getattr(node, "workeroutput", {}).get("kvconform", {})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> None:
+    """Name the culprit in a crashed worker's report: the example that poisoned its device (its last result)."""
+    s: Session = report.node.config.kvconform
+    files = s.results_dir.glob(f"*/results.{os.environ['KVCONFORM_RUN']}-{report.node.gateway.id}.jsonl")
+    last = [json.loads(line) for f in sorted(files, key=lambda f: f.stat().st_mtime)
+            for line in f.read_text().splitlines()[-1:]]
+    if last and POISONED in last[-1]["diagnosis"]:
+        report.longrepr = f"{report.longrepr}\n{last[-1]['outcome']}: {last[-1]['diagnosis']}\n{last[-1]['repro']}"
+
+
+def _process_report() -> dict:
+    c = compiles.counts()
+    return {"device": DEVICE, "compiled": c.compiled, "loaded": c.loaded, "results": Runner.recorded}
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     s: Session = session.config.kvconform
     if not _is_controller(session.config):
+        session.config.workeroutput["kvconform"] = _process_report()
         return
+    if not s.workers:
+        s.workers["main"] = _process_report()
+    s.results_dir.mkdir(parents=True, exist_ok=True)
+    (s.results_dir / "run.json").write_text(json.dumps({
+        "subject": s.subject_name, "releases": [r.release for r in s.releases],
+        "warmup": dataclasses.asdict(s.warmup) if s.warmup else None, "processes": s.workers}, indent=1) + "\n")
     for r in s.releases:
         if results.release_dir(s.results_dir, r.release).is_dir():
             path = results.merge(s.results_dir, r.release, os.environ["KVCONFORM_RUN"] + "-")
@@ -212,6 +291,14 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     s: Session = config.kvconform
     if not _is_controller(config):
         return
+    if s.warmup:
+        terminalreporter.write_line(f"kvconform {s.warmup.describe()}")
+    for name, w in sorted(s.workers.items()):
+        if w:
+            terminalreporter.write_line(f"kvconform process {name} on {w['device']}: {w['results']} results; kernels "
+                                        f"{w['compiled']} compiled, {w['loaded']} loaded from the disk cache")
+        else:
+            terminalreporter.write_line(f"kvconform process {name}: ended without reporting (crashed or killed)")
     for r in s.releases:
         path = results.release_dir(s.results_dir, r.release) / "results.jsonl"
         if not path.exists():
@@ -270,15 +357,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if empty:
         config.hook.pytest_deselected(items=empty)
         items[:] = [i for i in items if i not in empty]
-    # Stored regressions (explicit examples) run before any generated example.
-    items.sort(key=lambda item: 0 if "regression" in getattr(item, "fixturenames", ()) else 1)
+    # Stored regressions (explicit examples) first, then the checks that launch no kernel: a wrong split is found
+    # and shrunk cheaply before any kernel check meets it.
+    def order(item: pytest.Item) -> int:
+        if "regression" in getattr(item, "fixturenames", ()):
+            return 0
+        return 2 if getattr(getattr(item, "module", None), "CHECK", "") in KERNEL_CHECKS else 1
+
+    items.sort(key=order)
+
+
+def _device_kind(device: str) -> str:
+    return device.split(":")[0]
 
 
 def load_regressions(directory: Path, check: str) -> list[tuple[Example, object, str, str]]:
-    """(example, extra, target label, digest) of every kept failing example of `check`."""
+    """(example, extra, target label, digest) of every kept failing example of `check` found on this kind of device
+    (a GPU-sized example is not replayed by the CPU interpreter)."""
     out = []
     for path in sorted(directory.glob(f"{check}-*.json")):
         body = json.loads(path.read_text())
+        if body.get("device", _device_kind(DEVICE)) != _device_kind(DEVICE):
+            continue
         ex = Example.from_json(json.dumps(body["example"]))
         label = body["geometry"] if body["geometry"] != ex.contract.name else ""
         out.append((ex, body.get("extra"), label, path.stem.split("-")[-1]))
@@ -302,6 +402,19 @@ class Verdict(Exception):
         self.outcome = outcome
 
 
+class NotRun(Exception):
+    """Raised out of a kernel check whose example the subject's split already gets wrong (the reason)."""
+
+
+class Poisoned(BaseException):
+    """A subject's call left this process's device unusable. A BaseException so that hypothesis does not shrink
+    (every further call would fail too): the runner records the example and ends the process."""
+
+    def __init__(self, outcome: Outcome):
+        super().__init__(outcome.diagnosis)
+        self.outcome = outcome
+
+
 @dataclass(frozen=True)
 class Prepared:
     """An example made concrete: token tensors, the release's kv_cache holding them, and its page table."""
@@ -316,6 +429,7 @@ class Prepared:
 @dataclass
 class _ItemState:
     ran: int = 0
+    not_run: set[str] = field(default_factory=set)
     unsupported: set[str] = field(default_factory=set)
     known: dict[str, findings.Finding] = field(default_factory=dict)
     failure: tuple[Example, object, Outcome] | None = None
@@ -323,6 +437,8 @@ class _ItemState:
 
 class Runner:
     """Runs one check over hypothesis-drawn examples of one target and records what happened."""
+
+    recorded = 0  # result lines this process wrote
 
     def __init__(self, session: Session, request: pytest.FixtureRequest):
         self.s = session
@@ -354,15 +470,38 @@ class Runner:
         d = diagnose(actual, expected)
         return Outcome("bit-identical") if d is None else Outcome("differs", f"{what}: not bit-identical: {d}")
 
-    @staticmethod
-    def call(fn, *args):
-        """Call into the subject; its ContractError is a contract-error, anything else it raises a subject-error."""
+    def call(self, fn, *args):
+        """Call into the subject; its ContractError is a contract-error, anything else it raises a subject-error.
+        On CUDA the call is waited for, so that a fault of the subject's kernel is reported against this call."""
         try:
-            return fn(*args)
+            out = fn(*args)
+            if self.device.startswith("cuda"):
+                torch.cuda.synchronize(self.device)
+            return out
         except ContractError as e:
             raise Verdict(Outcome("contract-error", f"{type(e).__name__}: {e}")) from e
         except Exception as e:
+            why = devices.poisoned(self.device)
+            if why:
+                raise Poisoned(Outcome("subject-error", f"{type(e).__name__}: {e}; {POISONED} ({why})")) from e
             raise Verdict(Outcome("subject-error", f"{type(e).__name__}: {e}")) from e
+
+    def split(self, p: Prepared, ex: Example) -> tuple[torch.Tensor, torch.Tensor]:
+        """The subject's K and V views of the prepared cache, for a kernel check. NotRun when they do not read the
+        tokens written where the contract says: kernels over them could only restate split-agrees' finding."""
+        got = self.call(self.subject.split, p.kv_cache, ex.contract)
+        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+            raise NotRun(f"the subject's split returned {type(got).__name__}, not a (K, V) pair of tensors")
+        want = ex.contract.split(p.kv_cache, ex.dims)
+        for name, a, b in zip("KV", got, want):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise NotRun(f"the subject's {name} view is {tuple(a.shape)} {a.dtype}, the contract's "
+                             f"{tuple(b.shape)} {b.dtype}")
+        for name, a, b in zip("KV", read(*got, p.paging), (p.k, p.v)):
+            if not torch.equal(bits(a), bits(b)):
+                raise NotRun(f"the subject's {name} view does not read the tokens written through the contract's "
+                             f"{name} view (split-agrees reports the split)")
+        return got
 
     # running
     def run(self, target: Target, check: str, fn, extra: st.SearchStrategy = st.none(),
@@ -408,6 +547,13 @@ class Runner:
             outcome = fn(self, ex, extra)
         except Verdict as v:
             outcome = v.outcome
+        except NotRun as e:
+            state.not_run.add(str(e))
+            if state.failure is None:
+                self._record(target, check, ex, extra, Outcome("not-run", str(e)))
+            return
+        except Poisoned as p:
+            self._end_process(target, check, ex, extra, p.outcome)
         except Exception as e:
             state.failure = (ex, extra, Outcome("harness-error", f"{type(e).__name__}: {e}"))
             raise
@@ -423,6 +569,17 @@ class Runner:
         if state.failure is None:  # examples tried while shrinking a failure are not results
             self._record(target, check, ex, extra, outcome, known.id if known else "")
 
+    def _end_process(self, target: Target, check: str, ex: Example, extra, outcome: Outcome) -> None:
+        """Record the example that poisoned the device and end this process: under xdist a fresh worker takes
+        the remaining items (and this item is reported as its crash); alone, the session stops."""
+        self._record(target, check, ex, extra, outcome)
+        self._keep_regression(target, check, ex, extra)
+        message = f"kvconform {outcome.word}: {outcome.diagnosis}\n{self.repro(target, check, ex, extra)}"
+        print(message, file=sys.__stderr__, flush=True)
+        if WORKER:
+            os._exit(3)
+        pytest.exit(message + "\nrun with xdist (-n) to go on in a fresh process after such a fault", returncode=1)
+
     def _keep_failure(self, target: Target, check: str, state: _ItemState) -> None:
         # The last failing example seen is the shrunk one hypothesis reports; other errors (a deadline, say)
         # propagate as they are.
@@ -435,6 +592,8 @@ class Runner:
         if state.known:
             pytest.xfail("; ".join(f"known finding {f.id}: {f.outcome} ({f.reason}; {f.link})"
                                    for f in state.known.values()))
+        if state.not_run:
+            pytest.skip(f"not run on {'; '.join(sorted(state.not_run))}")
         if state.ran == 0 and state.unsupported:
             pytest.skip(f"{self.s.subject_name} supports none of the examples: {'; '.join(sorted(state.unsupported))}")
 
@@ -451,7 +610,7 @@ class Runner:
         d.mkdir(parents=True, exist_ok=True)
         body = {"check": check, "subject": self.s.subject_name, "release": target.release.release,
                 "geometry": target.geometry, "example": json.loads(ex.to_json()), "extra": extra,
-                "case": repr(ex.case)}
+                "case": repr(ex.case), "device": _device_kind(self.device)}
         (d / f"{check}-{ex.digest()}.json").write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
 
     def _record(self, target: Target, check: str, ex: Example, extra, outcome: Outcome, known: str = "") -> None:
@@ -459,13 +618,15 @@ class Runner:
             target.release.release, target.release.source, self.s.subject_name, target.geometry, check,
             ex.case.sparsity.mode, outcome.word, ex.digest(),
             self.repro(target, check, ex, extra) if outcome.word not in results.PASSING else "",
-            outcome.diagnosis, known), self.s.worker)
+            outcome.diagnosis, known, self.device), self.s.worker)
+        Runner.recorded += 1
 
     def record_target(self, target: Target, check: str, outcome: Outcome) -> None:
         """Record an outcome of a whole (release, geometry) item, e.g. a check that cannot run here."""
         results.append(self.s.results_dir, results.Result(
             target.release.release, target.release.source, self.s.subject_name, target.geometry, check, "*",
-            outcome.word, diagnosis=outcome.diagnosis), self.s.worker)
+            outcome.word, diagnosis=outcome.diagnosis, device=self.device), self.s.worker)
+        Runner.recorded += 1
 
     def record_release(self, r: ReleaseContracts, check: str, outcome: Outcome) -> str:
         """Record a whole-release outcome (contracts unreadable, drift); the known finding's id if one predicts it."""

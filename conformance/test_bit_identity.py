@@ -5,7 +5,7 @@ CHECK = "bit-identity"
 
 def check(run, ex, _):
     p = run.prepare(ex)
-    keys, values = run.call(run.subject.split, p.kv_cache, ex.contract)
+    keys, values = run.split(p, ex)
     tile = run.call(run.subject.tile_config, ex.case)  # pinned for both calls: autotuning would change rounding
     paged = run.call(run.subject.paged_forward, ex.case, p.q, keys, values, p.paging, tile)
     dense = run.call(run.subject.dense_forward, ex.case, p.q, p.k, p.v, tile)

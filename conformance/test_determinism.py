@@ -5,7 +5,7 @@ CHECK = "determinism"
 
 def check(run, ex, _):
     p = run.prepare(ex)
-    keys, values = run.call(run.subject.split, p.kv_cache, ex.contract)
+    keys, values = run.split(p, ex)
     tile = run.call(run.subject.tile_config, ex.case)
     first = run.call(run.subject.paged_forward, ex.case, p.q, keys, values, p.paging, tile)
     second = run.call(run.subject.paged_forward, ex.case, p.q, keys, values, p.paging, tile)

@@ -84,10 +84,10 @@ class Case:
         return hashlib.sha1(repr(self).encode()).hexdigest()[:12]
 
     def inputs(self, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Seeded q, k, v token tensors (normal, never zeros), drawn on the CPU so every device sees the same bits."""
-        g = torch.Generator().manual_seed(self.seed)
+        """Seeded q, k, v token tensors (normal, never zeros), drawn by the device's own generator: the same seed
+        gives the same bits on every run on one kind of device (a CPU draw of a GPU-sized batch would cost more
+        than the kernels it feeds)."""
+        g = torch.Generator(device=device).manual_seed(self.seed)
         tq, tk = sum(self.q_lens), sum(self.kv_lens)
-        q = torch.randn(tq, self.num_heads, self.head_dim, generator=g)
-        k = torch.randn(tk, self.kv_heads, self.head_dim, generator=g)
-        v = torch.randn(tk, self.kv_heads, self.head_dim, generator=g)
-        return tuple(t.to(self.torch_dtype).to(device) for t in (q, k, v))
+        return tuple(torch.randn(n, heads, self.head_dim, generator=g, device=device).to(self.torch_dtype)
+                     for n, heads in ((tq, self.num_heads), (tk, self.kv_heads), (tk, self.kv_heads)))

@@ -17,7 +17,7 @@ from harness.results import PASSING, STALE, Result, read
 
 # Worst first: what a reader must see before anything else in a cell.
 SEVERITY = ("harness-error", "install-error", "contract-error", "subject-error", "differs", "accepted",
-            "unsupported", "skipped", STALE, "bit-identical", "within-tolerance", "rejected")
+            "unsupported", "not-run", "skipped", STALE, "bit-identical", "within-tolerance", "rejected")
 
 
 def _release_key(release: str):
@@ -45,7 +45,8 @@ def fold(rows: list[Result]) -> dict:
         matrix[r.subject][r.release][r.geometry][_word(r)] += 1
         checks[r.release][r.check][_word(r)] += 1
         sources[r.release].add(r.source)
-    new = [r for r in rows if r.outcome not in PASSING + ("unsupported", "skipped", STALE) and not r.known]
+    new = [r for r in rows
+           if r.outcome not in PASSING + ("unsupported", "skipped", "not-run", STALE) and not r.known]
     known = Counter((r.known, r.release, r.geometry, r.check, r.outcome)
                     for r in rows if r.known and r.outcome != STALE)
     unsupported = Counter((r.subject, r.diagnosis) for r in rows if r.outcome == "unsupported")

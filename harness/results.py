@@ -15,6 +15,8 @@ Outcome words are never folded into one another (harness.report keeps them apart
   install-error     the release could not be installed (written by nox through `python -m harness.results`)
   harness-error     a bug in kvconform itself
   skipped           the check could not run here (e.g. vLLM's CUDA write op without CUDA); never a pass
+  not-run           a kernel check left out because the subject's split already reads other elements than the
+                    contract's K/V there (split-agrees reports that finding); never a pass
 `stale` is not an outcome of a check: it marks a known finding that applied but did not happen.
 
 `python -m harness.results install-error RELEASE REASON [--dir results]` records a failed install.
@@ -29,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 OUTCOMES = ("bit-identical", "within-tolerance", "rejected", "differs", "accepted", "unsupported",
-            "contract-error", "subject-error", "install-error", "harness-error", "skipped")
+            "contract-error", "subject-error", "install-error", "harness-error", "skipped", "not-run")
 PASSING = ("bit-identical", "within-tolerance", "rejected")
 STALE = "stale"
 
@@ -49,6 +51,7 @@ class Result:
     repro: str = ""  # one line that reproduces it
     diagnosis: str = ""
     known: str = ""
+    device: str = ""  # where it ran ("cuda:1", "cpu"); "" for whole-release outcomes
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES + (STALE,):

@@ -43,6 +43,10 @@ GPU = Sizes(head_dims=(128,), block_sizes=(16, 32, 64, 128), dtypes=("float16", 
             kv_heads=(1, 2, 8), groups=(1, 4, 8), nm_groups=(4,), max_seqs=12, long_len=8192)
 
 SEQUENCE_KINDS = ("prefill", "chunked", "decode")
+SKIP_THRESHOLDS = (0.05, 0.3, 0.7, 0.95)
+# (q_len, kv_len) of the warm-up: decode and prefill, each short (one key tile: no split-KV) and long enough to
+# split, so that every tile config and split choice a drawn case can meet is compiled.
+WARMUP_SHAPES = ((1, 1), (1, 256), (32, 32), (256, 256))
 
 
 @st.composite
@@ -82,7 +86,7 @@ def sparsities(draw, sizes: Sizes) -> Sparsity:
     """none, skip-softmax (threshold varies) or N:M (m fixed per compile; n, sink, recent vary)."""
     mode = draw(st.sampled_from(("none", "skip_softmax", "nm")))
     if mode == "skip_softmax":
-        return Sparsity(mode, threshold=draw(st.sampled_from((0.05, 0.3, 0.7, 0.95))))
+        return Sparsity(mode, threshold=draw(st.sampled_from(SKIP_THRESHOLDS)))
     if mode == "nm":
         m = draw(st.sampled_from(sizes.nm_groups))
         return Sparsity(mode, n=draw(st.integers(1, m - 1)), m=m, sink=draw(st.integers(0, 8)),
@@ -102,6 +106,23 @@ def cases(draw, sizes: Sizes) -> Case:
         dtype=draw(st.sampled_from(sizes.dtypes)), causal=draw(st.booleans().map(lambda b: not b)),
         sparsity=draw(sparsities(sizes)), seed=draw(st.integers(0, 2**16)),
     )
+
+
+def warmup_shards(sizes: Sizes) -> list[list[Case]]:
+    """Small cases spanning every compile-time choice `cases(sizes)` can draw (head dim, block size, dtype, causal,
+    sparsity mode and parameters, decode/prefill tiles with and without split-KV), grouped so that cases differing
+    only in what a subject may compile once (block size, sparsity parameters) share a shard."""
+    sparsities = {"none": [Sparsity()], "skip_softmax": [Sparsity("skip_softmax", threshold=t) for t in SKIP_THRESHOLDS],
+                  "nm": [Sparsity("nm", n=n, m=m) for m in sizes.nm_groups for n in range(1, m)]}
+    shards = []
+    for head_dim in sizes.head_dims:
+        for dtype in sizes.dtypes:
+            for causal in (True, False):
+                for group in sparsities.values():
+                    for q, kv in WARMUP_SHAPES:
+                        shards.append([Case((q,), (kv,), 1, 1, head_dim, block_size, dtype, causal, sp)
+                                       for block_size in sizes.block_sizes for sp in group])
+    return shards
 
 
 @st.composite

@@ -30,7 +30,7 @@ def test_lines_are_plain_json_with_every_field(tmp_path):
     path = results.merge(tmp_path, "0.30.0")
     line = json.loads(path.read_text())
     assert set(line) == {"release", "source", "subject", "geometry", "check", "sparsity", "outcome", "case",
-                         "repro", "diagnosis", "known"}
+                         "repro", "diagnosis", "known", "device"}
     assert line["outcome"] == "differs" and line["diagnosis"] == "3 of 8 differ"
 
 

@@ -98,6 +98,7 @@ def test_wrong_axis_fails_that_family_only_with_a_replayable_one_line_repro(layo
                            for r in failing)
 
 
+
 def test_known_findings_are_green_but_reported_and_stale_ones_flagged(layout):
     known = layout / "known"
     known.mkdir(exist_ok=True)
@@ -117,6 +118,43 @@ def test_known_findings_are_green_but_reported_and_stale_ones_flagged(layout):
     assert "STALE wrong-axis-blocks-first#3" in out
     rows = [json.loads(x) for x in (layout / "results" / "0.30.0" / "results.jsonl").read_text().splitlines()]
     assert [r["known"] for r in rows if r["outcome"] == "stale"] == ["wrong-axis-blocks-first#3"]
+
+
+class SwapsKVForPacked(BuiltinSubject):
+    """Takes the packed halves the wrong way round: V's half as K. Shapes and strides look right; nothing raises."""
+
+    name = "swaps-kv-packed"
+
+    def split(self, kv_cache, contract):
+        k, v = super().split(kv_cache, contract)
+        return (v, k) if contract.family == "packed" else (k, v)
+
+
+def test_kernel_checks_are_not_run_where_the_split_reads_the_wrong_tokens(tmp_path):
+    # Packed and kv-first geometries; the split is wrong for packed only. split-agrees fails there with a shrunk
+    # repro; bit-identity and determinism launch no kernel over the wrong views and say why, never passing.
+    by_family = {}
+    for c in families():
+        by_family.setdefault(c.family, []).append(c)
+    save(Recording("0.27.0", tuple(by_family["packed"])), tmp_path / "contracts")
+    save(Recording("0.20.0", tuple(by_family["kv-first"][:1])), tmp_path / "contracts")
+    done = conformance(tmp_path, "conformance/test_split.py", "conformance/test_bit_identity.py",
+                       "conformance/test_determinism.py", "--release=0.27.0", "--release=0.20.0",
+                       "--max-examples=3", "-rA", "-vv", "--subject=test_suites_fail:SwapsKVForPacked")
+    out = done.stdout
+    assert done.returncode == 1, out[-3000:]
+    seen = dict(re.findall(r"^(conformance/\S+) (PASSED|FAILED|SKIPPED)", out, re.M))
+    assert {n for n, w in seen.items() if w == "FAILED"} == {
+        f"conformance/test_split.py::test_split_agrees[0.27.0-{c.name}]" for c in by_family["packed"]}, out[-3000:]
+    for check in ("bit_identity", "determinism"):
+        for c in by_family["packed"]:
+            assert seen[f"conformance/test_{check}.py::test_{check}[0.27.0-{c.name}]"] == "SKIPPED", out[-3000:]
+        assert seen[f"conformance/test_{check}.py::test_{check}[0.20.0-{by_family['kv-first'][0].name}]"] == "PASSED"
+    rows = [json.loads(x) for x in (tmp_path / "results" / "0.27.0" / "results.jsonl").read_text().splitlines()]
+    kernel = [r for r in rows if r["check"] in ("bit-identity", "determinism")]
+    assert kernel and {r["outcome"] for r in kernel} == {"not-run"}, kernel
+    assert all("K view does not read the tokens written through the contract's K view" in r["diagnosis"]
+               for r in kernel)
 
 
 class NondeterministicPaged(BuiltinSubject):

@@ -41,7 +41,18 @@ MAX_SPLITS = 16
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@triton.jit
+# Runtime integers (lengths, counts, strides, window sizes) never specialise a kernel: Triton would otherwise
+# compile a new variant whenever one of them turns divisible by 16 or equal to 1, i.e. for almost every new case.
+# What is compiled is the constexprs alone (see `variant`), a small set that a session warms up once. The one fact
+# specialisation gave the compiler, strides divisible by 16 (without it no load is vectorised), is stated instead:
+# every stride is a multiple of ALIGN elements (launch refuses others), so every row offset is too.
+ALIGN = tl.constexpr(16)
+RUNTIME_INTS = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_kn", "stride_kh",
+                "stride_vb", "stride_vn", "stride_vh", "stride_table", "num_heads", "group", "q_tiles", "num_splits",
+                "total_rows", "nm_n", "sink", "recent")
+
+
+@triton.jit(do_not_specialize=RUNTIME_INTS)
 def _attn_fwd(
     q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, stats_ptr, table_ptr, cu_q_ptr, cu_kv_ptr, kv_len_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -70,6 +81,7 @@ def _attn_fwd(
     d = tl.arange(0, D_PAD)
     d_ok = d < HEAD_DIM
     q_rows = (q_start + tok).to(tl.int64) * stride_qt + head * stride_qh
+    q_rows = tl.multiple_of(q_rows, ALIGN)
     q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     if CAUSAL:
@@ -100,6 +112,8 @@ def _attn_fwd(
         else:
             k_rows = (kv_start + n) * stride_kn + kv_head * stride_kh
             v_rows = (kv_start + n) * stride_vn + kv_head * stride_vh
+        k_rows = tl.multiple_of(k_rows, ALIGN)
+        v_rows = tl.multiple_of(v_rows, ALIGN)
         k = tl.load(k_ptr + k_rows[None, :] + d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
         s = _dot(q, k, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_F32) * scale_log2
         valid = row_ok[:, None] & n_ok[None, :]
@@ -136,7 +150,7 @@ def _attn_fwd(
         tl.store(stats_ptr + part * 2, m_i, mask=row_ok)
         tl.store(stats_ptr + part * 2 + 1, l_i, mask=row_ok)
     else:
-        o_rows = (q_start + tok).to(tl.int64) * stride_ot + head * stride_oh
+        o_rows = tl.multiple_of((q_start + tok).to(tl.int64) * stride_ot + head * stride_oh, ALIGN)
         o = acc / l_i[:, None]
         tl.store(out_ptr + o_rows[:, None] + d[None, :], o.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
@@ -169,7 +183,7 @@ def _nm_keep(s, valid, n, q_pos, nm_n, sink, recent,
     return valid & ((rank < nm_n) | dense)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("total_rows", "num_heads", "stride_ot", "stride_oh", "num_splits"))
 def _combine(part_ptr, stats_ptr, out_ptr, total_rows, num_heads, stride_ot, stride_oh, num_splits,
              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr):
     # Merge split partials in split order: the same order in paged and dense mode, so the bits match.
@@ -185,7 +199,7 @@ def _combine(part_ptr, stats_ptr, out_ptr, total_rows, num_heads, stride_ot, str
         w = tl.exp2(tl.load(stats_ptr + part * 2) - m)
         l = l + w * tl.load(stats_ptr + part * 2 + 1)
         acc = acc + w * tl.load(part_ptr + part * D_PAD + d)
-    o_row = (row // num_heads) * stride_ot + (row % num_heads) * stride_oh
+    o_row = tl.multiple_of((row // num_heads) * stride_ot + (row % num_heads) * stride_oh, ALIGN)
     tl.store(out_ptr + o_row + d, (acc / l).to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
@@ -311,12 +325,36 @@ def batch_tensors(case: Case, device: torch.device) -> BatchTensors:
                         torch.tensor(case.kv_lens, dtype=torch.int32, device=device))
 
 
+def constexprs(case: Case, tile: TileConfig, paged: bool) -> dict[str, int | bool]:
+    """The attention kernel's compile-time arguments for `case`: with the dtype, all that selects a compiled
+    variant (every other argument is a runtime value)."""
+    sp = case.sparsity
+    return dict(
+        # The page size is compile-time (16 values) so splitting a key index into page and offset is a shift or a
+        # multiply per key, not a runtime integer division.
+        PAGED=paged, BLOCK_SIZE=case.block_size if paged else 1, CAUSAL=case.causal, MODE=MODES[sp.mode],
+        NM_M=sp.m if sp.mode == "nm" else 1, HEAD_DIM=case.head_dim, D_PAD=triton.next_power_of_2(case.head_dim),
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, SPLIT=num_splits(case, tile) > 1,
+        DOT_F32=case.dtype == "float32" or (case.dtype == "bfloat16" and INTERPRETED),
+    )
+
+
+def variant(case: Case, tile: TileConfig, paged: bool) -> tuple:
+    """What one launch compiles: the attention kernel's constexprs and dtype (plus the combine kernel's, when the
+    case splits)."""
+    return case.dtype, tile, tuple(sorted(constexprs(case, tile, paged).items()))
+
+
 def launch(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None,
            tile: TileConfig, batch: BatchTensors) -> torch.Tensor:
     """Run the kernel without validating inputs (the subject's forwards validate, then call this): paged over
     K/V views [B, N, H, D] when `table` is given, else dense over token rows [total_kv, H, D]."""
     if tile not in TILES:
         raise ValueError(f"tile config {tile} is not one of the compiled set {TILES}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if any(st % ALIGN.value for st in t.stride()[:-1]):
+            raise ValueError(f"{name} strides {tuple(t.stride())} (shape {tuple(t.shape)}) are not all multiples of "
+                             f"{ALIGN.value} elements, which the kernel's vectorised row loads assume")
     paged = table is not None
     dev = q.device
     sp = case.sparsity
@@ -349,13 +387,7 @@ def launch(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table:
         kb, kn, kh, vb, vn, vh, stride_table,
         case.num_heads, group, q_tiles, splits, total_rows,
         case.scale * log2e, math.log2(threshold), sp.n, sp.sink, sp.recent,
-        # The page size is compile-time (16 values) so splitting a key index into page and offset is a shift or a
-        # multiply per key, not a runtime integer division.
-        PAGED=paged, BLOCK_SIZE=case.block_size if paged else 1, CAUSAL=case.causal, MODE=MODES[sp.mode],
-        NM_M=sp.m if sp.mode == "nm" else 1,
-        HEAD_DIM=case.head_dim, D_PAD=d_pad, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, SPLIT=splits > 1,
-        DOT_F32=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and INTERPRETED),
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
+        **constexprs(case, tile, paged), num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
     if splits > 1:
         _combine[(total_rows,)](part, stats, out, total_rows, case.num_heads, out.stride(0), out.stride(1), splits,

@@ -1,0 +1,113 @@
+"""The conformance suites' speed on CUDA: kernel examples per second of wall time, cold and warm compile cache,
+one GPU and all of them.
+
+    python benchmarks/bench_suites.py                       # default-subset releases: cold, warm (1 GPU), warm (all)
+    python benchmarks/bench_suites.py --runs warm:1 -- -x   # one run; pytest options after --
+    python benchmarks/bench_suites.py --seeds 1,2,2         # a hypothesis seed per run
+
+A run is one `pytest conformance` process over the releases (replayed), timed from its start to its end. Kernel
+examples are result lines of the checks that launch the subject's kernels (bit-identity, determinism, oracle) that
+ran them; the checks that launch none (split agreement, malformed caches) are counted apart. `cold` starts from an
+empty Triton cache, `warm` reuses the cache the run before it filled. Compiles come from results/run.json (the
+warm-up's, and each worker's after it). Prints one line per run and writes them to --out as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from harness import matrix, results  # noqa: E402
+
+KERNEL_CHECKS = ("bit-identity", "determinism", "oracle")
+RAN = ("bit-identical", "within-tolerance", "differs")  # kernel examples whose kernels ran
+
+
+def run(name: str, gpus: str, cpus: int, cache: Path, releases: list[str], out: Path, extra: list[str]) -> dict:
+    """One timed suites process, on the first `cpus` CPUs; its figures."""
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", "-q", "--hypothesis-profile=gpu",
+           f"--results-dir={out}", *[f"--release={r}" for r in releases], *extra]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          preexec_fn=lambda: os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cpus]))
+    wall = time.perf_counter() - start
+    tail = done.stdout.strip().splitlines()[-1:] or [""]
+    rows = results.read(out)
+    kernel = [r for r in rows if r.check in KERNEL_CHECKS and r.outcome in RAN]
+    cheap = [r for r in rows if r.check not in KERNEL_CHECKS and r.case]
+    info = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
+    warm = info.get("warmup") or {}
+    processes = info.get("processes", {}).values()
+    figures = {
+        "run": name, "gpus": gpus, "cpus": cpus, "wall_s": round(wall, 1), "exit": done.returncode, "pytest": tail[0],
+        "kernel_examples": len(kernel), "per_s": round(len(kernel) / wall, 1), "cheap_examples": len(cheap),
+        "kernel_by_check": dict(Counter(r.check for r in kernel)),
+        "kernel_by_device": dict(Counter(r.device for r in kernel)),
+        "not_passing": dict(Counter(r.outcome for r in rows if r.outcome not in results.PASSING)),
+        "warmup_s": round(warm.get("seconds", 0), 1), "warmup_compiled": warm.get("counts", {}).get("compiled"),
+        "warmup_loaded": warm.get("counts", {}).get("loaded"),
+        "workers_compiled": sum(p.get("compiled", 0) for p in processes if p),
+        "workers_loaded": sum(p.get("loaded", 0) for p in processes if p),
+    }
+    if done.returncode not in (0, 1):
+        figures["stderr"] = done.stderr[-2000:]
+    return figures
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python benchmarks/bench_suites.py")
+    parser.add_argument("--releases", default="default", help="'default' (matrix.toml's subset) or a comma list")
+    parser.add_argument("--runs", default="cold:0,warm:0,warm:all",
+                        help="comma list of cold|warm:GPUS (GPUS: CUDA_VISIBLE_DEVICES, or 'all')")
+    parser.add_argument("--cpus-per-gpu", type=int, default=0,
+                        help="pin each run to this many CPUs per GPU it uses (a host of that shape); 0: all")
+    parser.add_argument("--seeds", default="", help="comma list: the hypothesis seed of each run, in order")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_suites")
+    args, extra = parser.parse_known_args(argv)
+    extra = [a for a in extra if a != "--"]
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("bench_suites needs a CUDA device")
+    everything = ",".join(map(str, range(torch.cuda.device_count())))
+    releases = ([r.name for r in matrix.load() if r.default] if args.releases == "default"
+                else args.releases.split(","))
+    cache = Path(tempfile.mkdtemp(prefix="kvconform-triton-"))
+    print(f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}, {len(os.sched_getaffinity(0))} CPUs; releases "
+          f"{', '.join(releases)}; Triton cache {cache}", flush=True)
+    seeds = [x for x in args.seeds.split(",") if x]
+    lines = []
+    for i, spec in enumerate(args.runs.split(",")):
+        kind, _, gpus = spec.partition(":")
+        if kind == "cold":
+            cache = Path(tempfile.mkdtemp(prefix="kvconform-triton-"))
+        seed = [f"--hypothesis-seed={seeds[i]}"] if i < len(seeds) else []
+        visible = everything if gpus == "all" else gpus
+        cpus = args.cpus_per_gpu * len(visible.split(",")) or len(os.sched_getaffinity(0))
+        figures = run(spec, visible, cpus, cache, releases, args.out / f"{i}-{kind}", [*extra, *seed])
+        figures["seed"] = seeds[i] if i < len(seeds) else None
+        lines.append(figures)
+        print(json.dumps(figures), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.json").write_text(json.dumps(lines, indent=1) + "\n")
+    print(f"{'run':<10} {'gpus':<5} {'cpus':>4} {'wall s':>7} {'kernel ex':>9} {'per s':>6} {'cheap ex':>8} "
+          f"{'warm-up s':>9} {'compiled (warm-up/after)':>24}  by device")
+    for f in lines:
+        print(f"{f['run']:<10} {f['gpus']:<5} {f['cpus']:>4} {f['wall_s']:>7} {f['kernel_examples']:>9} {f['per_s']:>6} "
+              f"{f['cheap_examples']:>8} {f['warmup_s']:>9} {str(f['warmup_compiled']) + ' / ' + str(f['workers_compiled']):>24}"
+              f"  {f['kernel_by_device']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,129 @@
+"""Compiles: what a process built from scratch versus loaded from Triton's disk cache, and the session warm-up that
+builds every kernel variant a run can draw before the first example.
+
+A Triton compile costs seconds of CPU; a load from the disk cache costs milliseconds. Counting happens in Triton's
+own cache layer (`TRITON_CACHE_MANAGER` names `CountingCacheManager`): a compiled kernel is stored as one group of
+files (`put_group`), a cached one is found as that group (`get_group`), so the two counts are exact whatever
+decides to compile. The warm-up runs a subject's paged and dense forwards over small cases that span every
+compile-time choice (`harness.strategies.warmup_cases`), spread over processes, one shard per process: Triton
+compiles one kernel at a time per process, so processes are how compiles run in parallel.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from triton.runtime.cache import FileCacheManager
+
+from harness.cases import Case
+from harness.contract import Contract
+
+MANAGER = f"{__name__}:CountingCacheManager"
+_counts = {"compiled": 0, "loaded": 0}
+
+
+class CountingCacheManager(FileCacheManager):
+    """Triton's file cache, counting kernels compiled (stored) and loaded (found) in this process."""
+
+    def get_group(self, filename: str):
+        group = super().get_group(filename)
+        if group is not None and filename.endswith(".json"):
+            _counts["loaded"] += 1
+        return group
+
+    def put_group(self, filename: str, group):
+        if filename.endswith(".json"):
+            _counts["compiled"] += 1
+        return super().put_group(filename, group)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Kernels compiled from scratch and loaded from the disk cache by one process (or summed over several)."""
+
+    compiled: int = 0
+    loaded: int = 0
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(self.compiled + other.compiled, self.loaded + other.loaded)
+
+
+def install() -> None:
+    """Count this process's compiles and those of every process it starts (they inherit the environment)."""
+    os.environ["TRITON_CACHE_MANAGER"] = MANAGER
+
+
+def counts() -> Counts:
+    """This process's counts so far."""
+    return Counts(**_counts)
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """What a session warm-up did: cases run, kernels compiled and loaded, processes, wall time, errors seen."""
+
+    cases: int
+    counts: Counts
+    processes: int
+    seconds: float
+    errors: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        text = (f"warm-up: {self.cases} cases in {self.processes} processes, {self.seconds:.1f} s: "
+                f"{self.counts.compiled} compiled, {self.counts.loaded} loaded from the disk cache")
+        if self.errors:
+            text += f"; {len(self.errors)} cases raised (the examples will report them), first: {self.errors[0]}"
+        return text
+
+
+def warm(subject: str, case_shards: list[list[Case]], contract: Contract, devices: list[str],
+         processes: int) -> Warmup:
+    """Run the forwards of the subject named `subject` (harness.subjects.load_subject) over every case, in shards
+    that share compiled variants, in `contract`'s geometry: `processes` at a time, shard i on devices[i % len]."""
+    start = time.perf_counter()
+    jobs = [(subject, shard, contract, devices[i % len(devices)]) for i, shard in enumerate(case_shards) if shard]
+    context = multiprocessing.get_context("spawn")  # a forked CUDA or Triton state is not usable in the child
+    with ProcessPoolExecutor(max_workers=max(1, min(processes, len(jobs))), mp_context=context) as pool:
+        done = list(pool.map(_warm_shard, jobs))
+    total, errors = Counts(), []
+    for c, e in done:
+        total += c
+        errors += e
+    return Warmup(sum(len(j[1]) for j in jobs), total, max(1, min(processes, len(jobs))),
+                  time.perf_counter() - start, tuple(errors))
+
+
+def _warm_shard(job: tuple[str, list[Case], Contract, str]) -> tuple[Counts, list[str]]:
+    import torch
+
+    from harness.cache import paging, write
+    from harness.contract import Dims
+    from harness.subjects import load_subject
+
+    subject_name, shard, contract, device = job
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    subject = load_subject(subject_name)
+    errors = []
+    for case in shard:
+        if subject.supports(case):
+            continue
+        try:
+            q, k, v = case.inputs(device)
+            tile = subject.tile_config(case)
+            subject.dense_forward(case, q, k, v, tile)
+            dims = Dims(case.blocks_needed(), case.block_size, case.kv_heads, case.head_dim)
+            kv_cache = contract.allocate(dims, case.torch_dtype, device)
+            pages = paging(case.kv_lens, case.block_size, dims.num_blocks, "sequential").to(device)
+            write(*contract.split(kv_cache, dims), pages, k, v)
+            keys, values = subject.split(kv_cache, contract)
+            subject.paged_forward(case, q, keys, values, pages, tile)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - a warm-up never decides an outcome; the examples do
+            errors.append(f"{case!r}: {type(e).__name__}: {e}"[:300])
+    return counts(), errors

@@ -1,0 +1,51 @@
+"""Devices: which GPU a test process uses, how many processes a run starts per GPU, and whether a device is still
+usable after a subject's call.
+
+A subject's kernel that reads past its cache on a GPU raises an asynchronous CUDA error that poisons the process's
+CUDA context for good: every later call in that process fails, for no fault of its own. Only a new process
+recovers, so the runner ends a poisoned test process after recording the culprit (see `poisoned`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+
+WORKERS_PER_GPU = 8  # one H200 is kept busy by ~8 processes preparing examples while others launch kernels
+
+
+def gpus() -> int:
+    """CUDA devices visible to this process (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def workers_per_gpu(option: int | None) -> int:
+    """Test processes per GPU: the option, else KVCONFORM_WORKERS_PER_GPU, else WORKERS_PER_GPU."""
+    value = option if option is not None else int(os.environ.get("KVCONFORM_WORKERS_PER_GPU", WORKERS_PER_GPU))
+    if value < 1:
+        raise ValueError(f"workers per GPU must be >= 1, got {value}")
+    return value
+
+
+def worker_device(worker: str | None) -> str:
+    """The device of one test process: xdist worker gwN takes GPU N mod the GPU count; without xdist GPU 0; "cpu"
+    without CUDA."""
+    count = gpus()
+    if not count:
+        return "cpu"
+    index = int(re.fullmatch(r"gw(\d+)", worker).group(1)) if worker else 0
+    return f"cuda:{index % count}"
+
+
+def poisoned(device: str) -> str | None:
+    """None while `device` still runs work, else the error it now raises for any call (a sticky CUDA error)."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        torch.cuda.synchronize(device)
+        torch.ones(1, device=device).add_(1).item()
+    except Exception as e:  # noqa: BLE001 - any failure here means the context is unusable
+        return f"{type(e).__name__}: {e}".strip()
+    return None
