@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,15 +33,24 @@ KERNEL_CHECKS = ("bit-identity", "determinism", "oracle")
 RAN = ("bit-identical", "within-tolerance", "differs")  # kernel examples whose kernels ran
 
 
-def run(name: str, gpus: str, cpus: int, cache: Path, releases: list[str], out: Path, extra: list[str]) -> dict:
-    """One timed suites process, on the first `cpus` CPUs; its figures."""
+def run(name: str, gpus: str, cpus: int, cache: Path, releases: list[str], out: Path, extra: list[str],
+        timeout: float) -> dict:
+    """One timed suites process, on the first `cpus` CPUs, ended after `timeout` seconds; its figures."""
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", "-q", "--hypothesis-profile=gpu",
            f"--results-dir={out}", *[f"--release={r}" for r in releases], *extra]
     start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          preexec_fn=lambda: os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cpus]))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,
+                            preexec_fn=lambda: os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cpus]))
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # with its xdist workers and warm-up processes
+        stdout, stderr = proc.communicate()
+        stdout += f"\ntimed out after {timeout:.0f} s"
     wall = time.perf_counter() - start
+    done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     tail = done.stdout.strip().splitlines()[-1:] or [""]
     rows = results.read(out)
     kernel = [r for r in rows if r.check in KERNEL_CHECKS and r.outcome in RAN]
@@ -71,6 +81,7 @@ def main(argv: list[str]) -> int:
                         help="comma list of cold|warm:GPUS (GPUS: CUDA_VISIBLE_DEVICES, or 'all')")
     parser.add_argument("--cpus-per-gpu", type=int, default=0,
                         help="pin each run to this many CPUs per GPU it uses (a host of that shape); 0: all")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds one run may take before it is ended")
     parser.add_argument("--seeds", default="", help="comma list: the hypothesis seed of each run, in order")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_suites")
     args, extra = parser.parse_known_args(argv)
@@ -94,7 +105,7 @@ def main(argv: list[str]) -> int:
         seed = [f"--hypothesis-seed={seeds[i]}"] if i < len(seeds) else []
         visible = everything if gpus == "all" else gpus
         cpus = args.cpus_per_gpu * len(visible.split(",")) or len(os.sched_getaffinity(0))
-        figures = run(spec, visible, cpus, cache, releases, args.out / f"{i}-{kind}", [*extra, *seed])
+        figures = run(spec, visible, cpus, cache, releases, args.out / f"{i}-{kind}", [*extra, *seed], args.timeout)
         figures["seed"] = seeds[i] if i < len(seeds) else None
         lines.append(figures)
         print(json.dumps(figures), flush=True)

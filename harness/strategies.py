@@ -112,13 +112,15 @@ def warmup_shards(sizes: Sizes) -> list[list[Case]]:
     """Small cases spanning every compile-time choice `cases(sizes)` can draw (head dim, block size, dtype, causal,
     sparsity mode and parameters, decode/prefill tiles with and without split-KV), grouped so that cases differing
     only in what a subject may compile once (block size, sparsity parameters) share a shard."""
-    sparsities = {"none": [Sparsity()], "skip_softmax": [Sparsity("skip_softmax", threshold=t) for t in SKIP_THRESHOLDS],
-                  "nm": [Sparsity("nm", n=n, m=m) for m in sizes.nm_groups for n in range(1, m)]}
+    # N:M first: its kernels take longest to compile, and a pool handing out shards in order then ends evenly.
+    sparsities = {"nm": [Sparsity("nm", n=n, m=m) for m in sizes.nm_groups for n in range(1, m)],
+                  "skip_softmax": [Sparsity("skip_softmax", threshold=t) for t in SKIP_THRESHOLDS],
+                  "none": [Sparsity()]}
     shards = []
-    for head_dim in sizes.head_dims:
-        for dtype in sizes.dtypes:
-            for causal in (True, False):
-                for group in sparsities.values():
+    for group in sparsities.values():
+        for head_dim in sizes.head_dims:
+            for dtype in sizes.dtypes:
+                for causal in (True, False):
                     for q, kv in WARMUP_SHAPES:
                         shards.append([Case((q,), (kv,), 1, 1, head_dim, block_size, dtype, causal, sp)
                                        for block_size in sizes.block_sizes for sp in group])

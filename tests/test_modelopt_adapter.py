@@ -15,6 +15,8 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import (modelopt's kernels are jitted on import)
 
+import dataclasses  # noqa: E402
+import importlib.util  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -28,7 +30,7 @@ from harness.cases import Case, Sparsity  # noqa: E402
 from harness.compare import assert_bit_identical, diagnose  # noqa: E402
 from harness.contract import Contract, ContractError, Dims, cross_layer, families  # noqa: E402
 from harness.fixtures import Recording  # noqa: E402
-from harness.subjects import TileConfig  # noqa: E402
+from harness.subjects import SparsitySemantics, TileConfig, semantics_of  # noqa: E402
 from harness.subjects.modelopt import (  # noqa: E402
     LAYOUT_METHODS,
     ModeloptSubject,
@@ -44,6 +46,9 @@ except ModeloptUnavailable as unavailable:
     pytest.skip(str(unavailable), allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("oracle_check", ROOT / "conformance" / "test_oracle.py")
+oracle_check = importlib.util.module_from_spec(_spec)  # the oracle check's judgement, as the suites run it
+_spec.loader.exec_module(oracle_check)
 SHAPE_ERA = VllmRelease("0.28.0", frozenset(LAYOUT_METHODS))  # vLLM <= 0.28: get_kv_cache_shape + stride order
 ENUM_ERA = VllmRelease("0.29.0", frozenset())  # vLLM >= 0.29: KVCacheLayout, no shape method
 CONTRACTS = families() + [cross_layer(c, outer) for c in families() for outer in (True, False)]
@@ -264,28 +269,47 @@ def test_dense_kernel_agrees_with_the_oracle_without_sparsity() -> None:
     assert (out - reference.attention(case, q, k, v, 32)).abs().max() < 4 * 2**-11 * v.abs().max()
 
 
-def test_nm_keeps_decode_rows_dense_unlike_the_oracle() -> None:
-    # modelopt: `dense_tokens = (seq_len_q <= 1) | ...`; the harness oracle sparsifies decode rows too.
-    base = dict(q_lens=(1,), kv_lens=(64,), num_heads=2, kv_heads=1, head_dim=32, block_size=16)
-    nm, dense = Case(**base, sparsity=Sparsity("nm", n=1, m=4)), Case(**base)
-    q, k, v = nm.inputs()
-    out = SUBJECT.dense_forward(nm, q, k, v, SUBJECT.tile_config(nm)).double()
-    budget = 4 * 2**-11 * v.abs().max()
-    assert (out - reference.attention(dense, q, k, v, 32)).abs().max() < budget
-    assert (out - reference.attention(nm, q, k, v, 32)).abs().max() > 10 * budget
+# Each case, with its q scaled up where a larger q spreads the scores so skip-softmax drops tiles.
+DECLARED = {
+    "none_mixed": (Case(**MIXED), 1.0),
+    "skip_prefill": (Case(q_lens=(70,), kv_lens=(70,), num_heads=2, kv_heads=1, head_dim=32, block_size=16,
+                          sparsity=Sparsity("skip_softmax", threshold=0.3)), 4.0),
+    "skip_mixed": (Case(**MIXED, sparsity=Sparsity("skip_softmax", threshold=0.7)), 4.0),
+    "nm4_mixed": (Case(**MIXED, sparsity=Sparsity("nm", n=2, m=4, sink=2, recent=8)), 1.0),
+    "nm8_noncausal": (Case(q_lens=(1, 9), kv_lens=(40, 50), num_heads=2, kv_heads=1, head_dim=32, block_size=16,
+                           causal=False, sparsity=Sparsity("nm", n=3, m=8, sink=1, recent=5)), 1.0),
+}
 
 
-def test_skip_softmax_decides_per_query_tile_unlike_the_oracle() -> None:
-    # Row 0 of a prefill sees one key, so its running max stays at that key while later keys are larger: it
-    # would keep every later tile; the oracle decides each row alone, modelopt the whole 64-row query tile.
-    case = Case(q_lens=(64,), kv_lens=(256,), num_heads=1, kv_heads=1, head_dim=32, block_size=16,
-                causal=False, sparsity=Sparsity("skip_softmax", threshold=0.5))
+def _judged(case: Case, q_factor: float, semantics: SparsitySemantics):
     q, k, v = case.inputs()
-    k = k.clone()
-    k[:32] *= 4  # the first key tile dominates for most rows, not for all
-    out = SUBJECT.dense_forward(case, q, k, v, SUBJECT.tile_config(case)).double()
-    per_row = reference.attention(case, q, k, v, 32)
-    assert diagnose(out.half(), per_row.half()) is not None
+    q = (q.float() * q_factor).to(q.dtype)
+    tile = SUBJECT.tile_config(case)
+    out = SUBJECT.dense_forward(case, q, k, v, tile)
+    return oracle_check.judge(case, out, q, k, v, tile, semantics)
+
+
+@pytest.mark.parametrize("name", list(DECLARED))
+def test_dense_forward_passes_the_oracle_under_its_declared_semantics(name: str) -> None:
+    assert semantics_of(SUBJECT) == SparsitySemantics(skip_decision="query_tile", nm_dense_decode_rows=True,
+                                                      recent_window="to_query", nm_tied_kept=(8,))
+    verdict = _judged(*DECLARED[name], semantics_of(SUBJECT))
+    assert verdict.word == "within-tolerance", verdict.diagnosis
+
+
+def test_each_declared_rule_is_needed() -> None:
+    # Under the built-in's rule in its place, each case differs: N:M decode rows kept dense, the recent window
+    # ending at the query, skip decided per query tile.
+    decode = Case(q_lens=(1,), kv_lens=(64,), num_heads=2, kv_heads=1, head_dim=32, block_size=16,
+                  sparsity=Sparsity("nm", n=1, m=4))
+    window = Case(q_lens=(12,), kv_lens=(40,), num_heads=2, kv_heads=1, head_dim=32, block_size=16, causal=False,
+                  sparsity=Sparsity("nm", n=1, m=4, recent=8))
+    declared = semantics_of(SUBJECT)
+    for case, rule in ((decode, dict(nm_dense_decode_rows=False)), (window, dict(recent_window="to_kv_end")),
+                       (DECLARED["skip_prefill"][0], dict(skip_decision="row"))):
+        q_factor = DECLARED["skip_prefill"][1] if case.sparsity.mode == "skip_softmax" else 1.0
+        assert _judged(case, q_factor, declared).word == "within-tolerance"
+        assert _judged(case, q_factor, dataclasses.replace(declared, **rule)).word == "differs", rule
 
 
 # --- installation and version selection ------------------------------------------------------------------------

@@ -4,6 +4,8 @@ A subject brings its own K/V split of a release's kv_cache, a paged forward over
 [B, N, H, D] (any strides, innermost stride 1) and a dense forward over contiguous token rows [total_kv, H, D].
 Both forwards take q [total_q, num_heads, D] and return the output in the same shape; sequence boundaries come
 from the case. Bit-identity between the two is only meaningful with a pinned tile config for both calls.
+A subject declares its sparsity semantics (`SparsitySemantics`) where subjects legitimately differ; the oracle
+(harness.reference) judges each subject by its own.
 """
 
 from __future__ import annotations
@@ -29,8 +31,40 @@ class TileConfig:
     num_stages: int = 1
 
 
+SKIP_DECISIONS = ("row", "query_tile")
+RECENT_WINDOWS = ("to_kv_end", "to_query")
+
+
+@dataclass(frozen=True)
+class SparsitySemantics:
+    """The sparsity rules a subject follows where subjects legitimately differ (harness.reference states them all).
+    The defaults are the built-in subject's.
+
+    skip_decision: who keeps or drops a key tile in skip-softmax mode: each query row for itself ("row"), or the
+      valid rows of one head's block_m consecutive queries of a sequence together ("query_tile": dropped only if
+      every one of them may drop it, otherwise kept for all of them).
+    nm_dense_decode_rows: in N:M mode every row of a q_len == 1 sequence keeps all its keys.
+    recent_window: the N:M dense window of a query at q_pos: keys > q_pos - recent ("to_kv_end", so also keys after
+      the query when not causal) or keys in (q_pos - recent, q_pos] ("to_query").
+    nm_tied_kept: N:M group sizes m for which every key tied with the n-th highest score is kept too (for other m,
+      ties go to the lower key index: exactly n kept).
+    """
+
+    skip_decision: str = "row"
+    nm_dense_decode_rows: bool = False
+    recent_window: str = "to_kv_end"
+    nm_tied_kept: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.skip_decision not in SKIP_DECISIONS:
+            raise ValueError(f"unknown skip_decision {self.skip_decision!r}; known: {SKIP_DECISIONS}")
+        if self.recent_window not in RECENT_WINDOWS:
+            raise ValueError(f"unknown recent_window {self.recent_window!r}; known: {RECENT_WINDOWS}")
+
+
 class Subject(Protocol):
     name: str
+    sparsity_semantics: SparsitySemantics
 
     def supports(self, case: Case) -> str | None:
         """None when the subject can run `case`, else the reason it cannot."""
@@ -64,12 +98,23 @@ def check_paged_views(case: Case, k_cache: torch.Tensor, v_cache: torch.Tensor) 
             )
 
 
+def semantics_of(subject: Subject) -> SparsitySemantics:
+    """The subject's declared sparsity semantics; a subject that declares none is judged by the default."""
+    return getattr(subject, "sparsity_semantics", SparsitySemantics())
+
+
 SUBJECTS = {"builtin": "harness.subjects.builtin:BuiltinSubject", "modelopt": "harness.subjects.modelopt:ModeloptSubject"}
+MUTANT = "mutant:"  # `mutant:<name>`: the built-in kernel with a planted bug (harness.subjects.mutants)
 
 
 def load_subject(name: str) -> Subject:
-    """The subject registered under `name`, or the class at `module:Class` (imported only when asked for)."""
+    """The subject registered under `name`, a planted-bug kernel `mutant:<name>`, or the class at `module:Class`
+    (each imported only when asked for)."""
+    if name.startswith(MUTANT):
+        from harness.subjects.mutants import mutant_subject
+
+        return mutant_subject(name.removeprefix(MUTANT))
     if name not in SUBJECTS and ":" not in name:
-        raise ValueError(f"unknown subject {name!r}; known: {sorted(SUBJECTS)} or module:Class")
+        raise ValueError(f"unknown subject {name!r}; known: {sorted(SUBJECTS)}, {MUTANT}<name> or module:Class")
     module, _, cls = SUBJECTS.get(name, name).partition(":")
     return getattr(importlib.import_module(module), cls)()

@@ -20,7 +20,7 @@ import triton.language as tl
 from harness.cache import Paging
 from harness.cases import Case
 from harness.contract import Contract
-from harness.subjects import TileConfig, check_paged_views
+from harness.subjects import SparsitySemantics, TileConfig, check_paged_views
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
 NM_GROUPS = (2, 4, 8, 16)
@@ -207,6 +207,7 @@ class BuiltinSubject:
     """This project's own sparse paged attention (see the module docstring)."""
 
     name = "builtin"
+    sparsity_semantics = SparsitySemantics()  # the oracle's default rules are this kernel's
 
     def supports(self, case: Case) -> str | None:
         if case.head_dim not in HEAD_DIMS:

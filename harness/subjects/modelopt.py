@@ -17,14 +17,17 @@ What runs is modelopt's code, unchanged (facts per release in docs/modelopt.md):
   recorded release has (fixtures/contracts/<release>.json; the release is bound with `for_release` or named by
   the contract's origin), each answering from the recorded contract.
 
-Sparsity mapping (harness `Sparsity` -> `attention()` keywords; differences are documented, never papered over):
-- skip_softmax(threshold) -> `skip_softmax_threshold`. modelopt decides per BLOCK_M x BLOCK_N tile: a key tile is
-  skipped only when every valid query row of the query tile has exp(tile_max - running_max) < threshold; the
-  harness oracle decides per row. The threshold is a constexpr (one compile per value).
-- nm(n, m, sink, recent) -> `sparsity_n/sparsity_m/dense_sink_tokens/dense_recent_tokens`, m in {4, 8}. modelopt
-  keeps every row of a q_len == 1 sequence dense, keeps `recent` keys up to the query's own position (non-causal:
-  keys after it are not in the window, unlike the oracle's `key > q_pos - recent`), and for m == 8 may keep more
-  than n keys on ties.
+Sparsity mapping (harness `Sparsity` -> `attention()` keywords) and the semantics the subject declares, read from
+triton_fa.py and sparsity/attention/skip_softmax_helpers.py (0.46-0.47; the oracle judges the subject by them):
+- skip_softmax(threshold) -> `skip_softmax_threshold` (a constexpr: one compile per value). One program per
+  (sequence, query head, BLOCK_M query tokens) decides per key tile for all its valid rows: skip when every valid
+  row has tile_max < running_max + log2(threshold) (padding rows forced skippable), else the tile counts for every
+  row: `skip_decision="query_tile"` with the pinned tile's BLOCK_M.
+- nm(n, m, sink, recent) -> `sparsity_n/sparsity_m/dense_sink_tokens/dense_recent_tokens`, m in {4, 8}. Dense:
+  `seq_len_q <= 1` (every row of a decode sequence: `nm_dense_decode_rows`), key < sink, and 0 <= q_pos - key <
+  recent (`recent_window="to_query"`: not the keys after the query, which the oracle's default keeps when not
+  causal). m == 4 ranks with `>=` comparisons (ties to the lower key, exactly n); m == 8 keeps every key >= the n-th
+  largest of its group (`nm_tied_kept=(8,)`).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from harness.cases import Case
 from harness.contract import Contract, ContractError, Dims
 from harness import fixtures
 from harness.fixtures import Recording
-from harness.subjects import TileConfig, check_paged_views
+from harness.subjects import SparsitySemantics, TileConfig, check_paged_views
 
 ENV = "KVCONFORM_MODELOPT"  # a PyPI version ("0.47.0") or a modelopt source tree (a directory holding `modelopt/`)
 PLUGIN = "modelopt.torch.sparsity.attention_sparsity.plugins.vllm"
@@ -105,6 +108,8 @@ class ModeloptSubject:
     release: bound here (`for_release`), or else read from the contract's origin ("vllm <version> ...")."""
 
     name = "modelopt"
+    sparsity_semantics = SparsitySemantics(skip_decision="query_tile", nm_dense_decode_rows=True,
+                                           recent_window="to_query", nm_tied_kept=(8,))
 
     def __init__(self, release: VllmRelease | None = None) -> None:
         self.release = release

@@ -41,6 +41,18 @@ MUTANTS = {
         Mutant("kv_stride_axis",
                "k_rows = page * stride_kb + (n % BLOCK_SIZE) * stride_kn + kv_head * stride_kh",
                "k_rows = page * stride_kb + (n % BLOCK_SIZE) * stride_kh + kv_head * stride_kn"),
+        # Skip-softmax compares log2-unit scores against the threshold's natural log: it drops tiles up to
+        # exp(tile_max - running_max) < threshold^ln2, e.g. 0.43 for 0.3, far outside any boundary margin.
+        Mutant("skip_threshold_ln", 'skip = (tile_max == float("-inf")) | (tile_max - m_i < log2_threshold)',
+               'skip = (tile_max == float("-inf")) | (tile_max - m_i < log2_threshold * 0.6931471805599453)'),
+        # A skipped tile's max replaces the running max. (Dropping the guard line instead would plant nothing: a tile
+        # is skipped only when its max is below the running max, so max() would not move it.)
+        Mutant("skip_running_max", "m_new = tl.where(skip, m_i, m_new)", "m_new = tl.where(skip, tile_max, m_new)"),
+        # Skip decided per BLOCK_M query tile, as modelopt does: dropped only if every valid row of the tile may
+        # drop it, where this subject declares per-row decisions.
+        Mutant("skip_per_query_tile", 'skip = (tile_max == float("-inf")) | (tile_max - m_i < log2_threshold)',
+               'skip = tl.zeros([BLOCK_M], tl.int32) + tl.min(((tile_max == float("-inf")) | '
+               "(tile_max - m_i < log2_threshold) | ~row_ok).to(tl.int32), 0) == 1"),
     )
 }
 
