@@ -12,17 +12,19 @@ Targets (issue 3): decode at >= 60% of the copy rate, paged within 5% of dense o
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 import triton
 import triton.testing
 
-from harness.cache import paging, write
-from harness.cases import Case
-from harness.compare import assert_bit_identical
-from harness.contract import Dims, families
-from harness.subjects import TileConfig, builtin
-from harness.subjects.builtin import BuiltinSubject, batch_tensors, launch, num_splits
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout, not installed
+from harness.cache import paging, write  # noqa: E402
+from harness.cases import Case  # noqa: E402
+from harness.compare import assert_bit_identical  # noqa: E402
+from harness.contract import Dims, families  # noqa: E402
+from harness.subjects import TileConfig, builtin  # noqa: E402
+from harness.subjects.builtin import BuiltinSubject, batch_tensors, launch, num_splits  # noqa: E402
 
 HEADS = dict(num_heads=32, kv_heads=8, head_dim=128, block_size=16)
 WORKLOADS = {

@@ -77,7 +77,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="vLLM release to check (repeatable; 'recorded' = every recorded release). Default: the "
                      "installed vLLM, probed live.")
     g.addoption("--subject", default=os.environ.get("KVCONFORM_SUBJECT", "builtin"),
-                help="subject under test: builtin, modelopt or module:Class (env KVCONFORM_SUBJECT)")
+                help="subject under test: builtin, modelopt, mutant:<name> or module:Class (env KVCONFORM_SUBJECT)")
     g.addoption("--max-examples", type=int, default=None, help="override the hypothesis profile's max_examples")
     g.addoption("--results-dir", default=str(REPO / "results"), help="where results/<release>/results.jsonl go")
     g.addoption("--contracts-dir", default=CONTRACTS, help="recorded contracts to replay")
