@@ -7,8 +7,12 @@ import importlib.machinery
 import sys
 import types
 
-STUBBED = {"boto3", "botocore", "s3transfer", "openai_harmony", "xgrammar", "tvm_ffi", "llguidance", "outlines_core", "lm_format_enforcer",
-           "mistral_common", "partial_json_parser", "uvloop"}
+# Each name: the releases whose import chain (live probe + suites, platform unspecified) stops without it.
+STUBBED = {
+    "openai_harmony",  # 0.22.1, 0.25.1, 0.26.0: vllm.config.reasoning -> vllm.reasoning -> entrypoints.mcp.tool_server
+    "llguidance",  # 0.26.0: vllm.v1.structured_output.backend_guidance's dataclass annotations load it at import
+    "xgrammar",  # 0.26.0: vllm.v1.structured_output.backend_xgrammar, likewise
+}
 
 
 class _Stub(types.ModuleType):
