@@ -358,11 +358,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=empty)
         items[:] = [i for i in items if i not in empty]
     # Stored regressions (explicit examples) first, then the checks that launch no kernel: a wrong split is found
-    # and shrunk cheaply before any kernel check meets it.
+    # and shrunk cheaply before any kernel check meets it. Of the kernel checks the oracle goes first: its items are
+    # the longest (one per release, float64), and started last they ran alone at the end of a GPU run.
     def order(item: pytest.Item) -> int:
         if "regression" in getattr(item, "fixturenames", ()):
             return 0
-        return 2 if getattr(getattr(item, "module", None), "CHECK", "") in KERNEL_CHECKS else 1
+        check = getattr(getattr(item, "module", None), "CHECK", "")
+        return 1 if check not in KERNEL_CHECKS else 2 if check == "oracle" else 3
 
     items.sort(key=order)
 
