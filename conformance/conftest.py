@@ -28,7 +28,9 @@ def _prepare_environment() -> None:
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("TRITON_CACHE_DIR", str(Path.home() / ".cache" / "kvconform" / "triton"))
-    os.environ.setdefault("TRITON_CACHE_MANAGER", "harness.compiles:CountingCacheManager")
+    from harness.compiles import MANAGER  # after TRITON_INTERPRET: it imports triton
+
+    os.environ.setdefault("TRITON_CACHE_MANAGER", MANAGER)
 
 
 _prepare_environment()

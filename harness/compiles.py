@@ -5,14 +5,13 @@ A Triton compile costs seconds of CPU; a load from the disk cache costs millisec
 own cache layer (`TRITON_CACHE_MANAGER` names `CountingCacheManager`): a compiled kernel is stored as one group of
 files (`put_group`), a cached one is found as that group (`get_group`), so the two counts are exact whatever
 decides to compile. The warm-up runs a subject's paged and dense forwards over small cases that span every
-compile-time choice (`harness.strategies.warmup_cases`), spread over processes, one shard per process: Triton
+compile-time choice (`harness.strategies.warmup_shards`), spread over processes, one shard per process: Triton
 compiles one kernel at a time per process, so processes are how compiles run in parallel.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -52,11 +51,6 @@ class Counts:
         return Counts(self.compiled + other.compiled, self.loaded + other.loaded)
 
 
-def install() -> None:
-    """Count this process's compiles and those of every process it starts (they inherit the environment)."""
-    os.environ["TRITON_CACHE_MANAGER"] = MANAGER
-
-
 def counts() -> Counts:
     """This process's counts so far."""
     return Counts(**_counts)
@@ -86,15 +80,15 @@ def warm(subject: str, case_shards: list[list[Case]], contract: Contract, device
     that share compiled variants, in `contract`'s geometry: `processes` at a time, shard i on devices[i % len]."""
     start = time.perf_counter()
     jobs = [(subject, shard, contract, devices[i % len(devices)]) for i, shard in enumerate(case_shards) if shard]
+    processes = max(1, min(processes, len(jobs)))
     context = multiprocessing.get_context("spawn")  # a forked CUDA or Triton state is not usable in the child
-    with ProcessPoolExecutor(max_workers=max(1, min(processes, len(jobs))), mp_context=context) as pool:
+    with ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
         done = list(pool.map(_warm_shard, jobs))
     total, errors = Counts(), []
     for c, e in done:
         total += c
         errors += e
-    return Warmup(sum(len(j[1]) for j in jobs), total, max(1, min(processes, len(jobs))),
-                  time.perf_counter() - start, tuple(errors))
+    return Warmup(sum(len(j[1]) for j in jobs), total, processes, time.perf_counter() - start, tuple(errors))
 
 
 def _warm_shard(job: tuple[str, list[Case], Contract, str]) -> tuple[Counts, list[str]]:

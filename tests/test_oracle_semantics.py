@@ -166,20 +166,22 @@ def test_repro_configurations_pass_on_any_allowed_path_and_fail_on_a_real_flip(c
     assert bool((env.lo <= exact).all() & (exact <= env.hi).all())
     tol = oracle_check.tolerance(case.torch_dtype, v)
     head, near, far = _decisions(case, q, k, tile)
+
+    def flipped(decision):
+        """The verdict on a kernel output that took `decision` (row, tile) the other way; the flip must show."""
+        row, t = decision
+        output = emulate(case, q, k, v, tile, ROW, flip={(0, head, row, t)})
+        assert (output[row, head] - exact[row, head]).abs().max() > tol
+        return judge(case, half(output), q, k, v, tile)
+
     # One boundary decision flipped: the plain tolerance around the exact path refuses it, the envelope takes it.
-    row, t = near
-    alternative = emulate(case, q, k, v, tile, ROW, flip={(0, head, row, t)})
-    assert (alternative[row, head] - exact[row, head]).abs().max() > tol
-    verdict = judge(case, half(alternative), q, k, v, tile)
+    verdict = flipped(near)
     assert verdict.word == "within-tolerance", verdict.diagnosis
     assert f"within the error bound: {env.boundary:,} of {env.decisions:,}" in verdict.diagnosis
     # A decision far outside its bound flipped: a real error.
-    row, t = far
-    wrong = emulate(case, q, k, v, tile, ROW, flip={(0, head, row, t)})
-    assert (wrong[row, head] - exact[row, head]).abs().max() > tol
-    verdict = judge(case, half(wrong), q, k, v, tile)
+    verdict = flipped(far)
     assert verdict.word == "differs", verdict.diagnosis
-    assert f"(token, head, dim) ({row}, {head}," in verdict.diagnosis
+    assert f"(token, head, dim) ({far[0]}, {head}," in verdict.diagnosis
 
 
 def _decisions(case: Case, q, k, tile: TileConfig):
