@@ -1,5 +1,6 @@
 """The conformance suites' speed on CUDA: kernel examples per second of wall time, cold and warm compile cache,
-one GPU and all of them.
+one GPU and all of them. Each run's pytest output is kept in its folder (pytest.log; add --durations=N after --
+for per-item times).
 
     python benchmarks/bench_suites.py                       # default-subset releases: cold, warm (1 GPU), warm (all)
     python benchmarks/bench_suites.py --runs warm:1 -- -x   # one run; pytest options after --
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,9 +52,13 @@ def run(name: str, gpus: str, cpus: int, cache: Path, releases: list[str], out: 
         stdout, stderr = proc.communicate()
         stdout += f"\ntimed out after {timeout:.0f} s"
     wall = time.perf_counter() - start
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pytest.log").write_text(stdout + "\n--- stderr\n" + stderr)
     done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     tail = done.stdout.strip().splitlines()[-1:] or [""]
-    rows = results.read(out)
+    # A run ended by the timeout never merged its workers' files: count what they hold.
+    rows = results.read(out) or [results.Result(**json.loads(line)) for f in sorted(out.glob("*/results.*.jsonl"))
+                                 for line in f.read_text().splitlines() if line.strip()]
     kernel = [r for r in rows if r.check in KERNEL_CHECKS and r.outcome in RAN]
     cheap = [r for r in rows if r.check not in KERNEL_CHECKS and r.case]
     info = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
@@ -81,8 +87,11 @@ def main(argv: list[str]) -> int:
                         help="comma list of cold|warm:GPUS (GPUS: CUDA_VISIBLE_DEVICES, or 'all')")
     parser.add_argument("--cpus-per-gpu", type=int, default=0,
                         help="pin each run to this many CPUs per GPU it uses (a host of that shape); 0: all")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds one run may take before it is ended")
+    parser.add_argument("--timeout", default="600",
+                        help="seconds a run may take before it is ended: one figure, or a comma list, one per run")
     parser.add_argument("--seeds", default="", help="comma list: the hypothesis seed of each run, in order")
+    parser.add_argument("--triton-cache", type=Path, default=None,
+                        help="the Triton cache folder (a cold run empties it); default: a new temporary one")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_suites")
     args, extra = parser.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
@@ -93,24 +102,27 @@ def main(argv: list[str]) -> int:
     everything = ",".join(map(str, range(torch.cuda.device_count())))
     releases = ([r.name for r in matrix.load() if r.default] if args.releases == "default"
                 else args.releases.split(","))
-    cache = Path(tempfile.mkdtemp(prefix="kvconform-triton-"))
+    cache = args.triton_cache or Path(tempfile.mkdtemp(prefix="kvconform-triton-"))
+    cache.mkdir(parents=True, exist_ok=True)
     print(f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}, {len(os.sched_getaffinity(0))} CPUs; releases "
           f"{', '.join(releases)}; Triton cache {cache}", flush=True)
     seeds = [x for x in args.seeds.split(",") if x]
+    timeouts = [float(x) for x in args.timeout.split(",")]
     lines = []
     for i, spec in enumerate(args.runs.split(",")):
         kind, _, gpus = spec.partition(":")
         if kind == "cold":
-            cache = Path(tempfile.mkdtemp(prefix="kvconform-triton-"))
+            shutil.rmtree(cache)
+            cache.mkdir(parents=True)
         seed = [f"--hypothesis-seed={seeds[i]}"] if i < len(seeds) else []
         visible = everything if gpus == "all" else gpus
         cpus = args.cpus_per_gpu * len(visible.split(",")) or len(os.sched_getaffinity(0))
-        figures = run(spec, visible, cpus, cache, releases, args.out / f"{i}-{kind}", [*extra, *seed], args.timeout)
+        figures = run(spec, visible, cpus, cache, releases, args.out / f"{i}-{kind}", [*extra, *seed],
+                      timeouts[min(i, len(timeouts) - 1)])
         figures["seed"] = seeds[i] if i < len(seeds) else None
         lines.append(figures)
         print(json.dumps(figures), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench.json").write_text(json.dumps(lines, indent=1) + "\n")
+        (args.out / "bench.json").write_text(json.dumps(lines, indent=1) + "\n")  # after each run: a cut call keeps it
     print(f"{'run':<10} {'gpus':<5} {'cpus':>4} {'wall s':>7} {'kernel ex':>9} {'per s':>6} {'cheap ex':>8} "
           f"{'warm-up s':>9} {'compiled (warm-up/after)':>24}  by device")
     for f in lines:

@@ -44,7 +44,9 @@ from harness import compiles, devices, findings, fixtures, results  # noqa: E402
 from harness.cache import Paging, read, write  # noqa: E402
 from harness.compare import bits, diagnose  # noqa: E402
 from harness.contract import Contract, ContractError  # noqa: E402
-from harness.strategies import CPU, GPU, Example, examples, warmup_shards  # noqa: E402
+from harness.cases import SPARSITY_MODES  # noqa: E402
+from harness.matrix import version_key  # noqa: E402
+from harness.strategies import CPU, GPU, Example, cases, examples, warmup_shards  # noqa: E402
 from harness.subjects import load_subject  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,6 +120,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("KVCONFORM_RUN", f"run{os.getpid()}")
     if DEVICE.startswith("cuda") and (WORKER or not getattr(config.option, "numprocesses", None)):
         torch.cuda.set_device(DEVICE)  # kernels launch on the current device: this process's GPU
+    if WORKER:  # torch's CPU thread pool is sized for the whole host in every worker: share the CPUs out instead
+        share = len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        torch.set_num_threads(max(1, share))
     # --hypothesis-profile (hypothesis' own option) wins; else KVCONFORM_PROFILE; else by device.
     if not config.getoption("hypothesis_profile", None):
         settings.load_profile(os.environ.get("KVCONFORM_PROFILE", "gpu" if DEVICE.startswith("cuda") else "dev"))
@@ -233,7 +238,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     gpus = [f"cuda:{i}" for i in range(devices.gpus())]
     cpus = len(os.sched_getaffinity(0))
-    s.warmup = compiles.warm(config.getoption("subject"), warmup_shards(SIZES), contract, gpus, cpus)
+    shards = warmup_shards(SIZES)
+    s.warmup = compiles.warm(config.getoption("subject"), shards, contract, gpus, cpus,
+                             compiles.fingerprint(s.subject, shards, gpus))
     config.get_terminal_writer().line(f"kvconform {s.warmup.describe()}")
 
 
@@ -322,11 +329,13 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
 
 @dataclass(frozen=True)
 class Target:
-    """One release and one of its geometries; `label` names a check that uses no cache (the oracle's "dense")."""
+    """One release and one of its geometries; `label` names a check that uses no cache (the oracle's "dense"),
+    `mode` the one sparsity mode its cases take (any when empty)."""
 
     release: ReleaseContracts
     contract: Contract
     label: str = ""
+    mode: str = ""
 
     @property
     def geometry(self) -> str:
@@ -340,9 +349,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("target", targets, ids=[f"{t.release.release}-{t.contract.name}" for t in targets])
     if "release_contracts" in metafunc.fixturenames:
         metafunc.parametrize("release_contracts", s.releases, ids=[r.release for r in s.releases])
-    if "dense_target" in metafunc.fixturenames:  # a check of the dense forward alone: once per release
-        targets = [Target(r, r.contracts[0], "dense") for r in s.releases if r.contracts]
-        metafunc.parametrize("dense_target", targets, ids=[f"{t.release.release}-dense" for t in targets])
+    if "dense_target" in metafunc.fixturenames:
+        # The dense forward alone, which no release changes: once per session, under its newest release (a nox
+        # session holds one), one item per sparsity mode so that the float64 items run side by side.
+        newest = max((r for r in s.releases if r.contracts), key=lambda r: version_key(r.release), default=None)
+        targets = [Target(newest, newest.contracts[0], "dense", m) for m in SPARSITY_MODES] if newest else []
+        metafunc.parametrize("dense_target", targets, ids=[f"{t.release.release}-dense-{t.mode}" for t in targets])
     if "regression" in metafunc.fixturenames:
         stored = [(Target(r, ex.contract, label), ex, extra, digest)
                   for ex, extra, label, digest in load_regressions(s.regressions_dir / s.subject_name,
@@ -511,10 +523,13 @@ class Runner:
     def run(self, target: Target, check: str, fn, extra: st.SearchStrategy = st.none(),
             needs_subject: bool = True, launches_kernels: bool = True) -> None:
         """Check `fn` over generated examples of `target`; red only on a new finding. A check that launches no
-        kernel costs ~1/20 of one that does, so it gets CHEAP_FACTOR times the examples."""
+        kernel costs ~1/20 of one that does, so it gets CHEAP_FACTOR times the examples; a target of one sparsity
+        mode gets its share of them."""
         state = _ItemState()
-        strategy = examples([target.contract], SIZES)
+        strategy = examples([target.contract], SIZES, cases(SIZES, target.mode) if target.mode else None)
         count = (self.max_examples or settings.default.max_examples) * (1 if launches_kernels else CHEAP_FACTOR)
+        if target.mode:
+            count = -(-count // len(SPARSITY_MODES))
 
         @settings(max_examples=count)
         @given(ex=strategy, extra=extra)

@@ -6,16 +6,23 @@ own cache layer (`TRITON_CACHE_MANAGER` names `CountingCacheManager`): a compile
 files (`put_group`), a cached one is found as that group (`get_group`), so the two counts are exact whatever
 decides to compile. The warm-up runs a subject's paged and dense forwards over small cases that span every
 compile-time choice (`harness.strategies.warmup_shards`), spread over processes, one shard per process: Triton
-compiles one kernel at a time per process, so processes are how compiles run in parallel.
+compiles one kernel at a time per process, so processes are how compiles run in parallel. A warm-up that ended
+without errors leaves a marker in the Triton cache named by its fingerprint; a later one with the same fingerprint
+has nothing to build and is skipped (whatever is missing after all is compiled by the examples, and counted).
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
+import torch
+import triton
 from triton.runtime.cache import FileCacheManager
 
 from harness.cases import Case
@@ -65,8 +72,11 @@ class Warmup:
     processes: int
     seconds: float
     errors: tuple[str, ...] = ()
+    skipped: bool = False
 
     def describe(self) -> str:
+        if self.skipped:
+            return f"warm-up: skipped, the Triton cache holds a finished warm-up of these {self.cases} cases"
         text = (f"warm-up: {self.cases} cases in {self.processes} processes, {self.seconds:.1f} s: "
                 f"{self.counts.compiled} compiled, {self.counts.loaded} loaded from the disk cache")
         if self.errors:
@@ -74,12 +84,30 @@ class Warmup:
         return text
 
 
+def fingerprint(subject: object, case_shards: list[list[Case]], devices: list[str]) -> str:
+    """What a warm-up builds depends on: the subject's module source and version (if it has one), the cases, the
+    kinds of device (not how many), Triton and torch. A kernel changed outside the subject's module without a version change is not
+    seen: its variants are then compiled by the examples, and counted."""
+    module = inspect.getmodule(type(subject))
+    parts = [type(subject).__qualname__, inspect.getsource(module) if module else "", str(getattr(subject, "version", "")),
+             repr(case_shards), triton.__version__, torch.__version__,
+             *sorted({torch.cuda.get_device_name(d) if d.startswith("cuda") else d for d in devices})]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def _marker(key: str) -> Path:
+    return Path(triton.knobs.cache.dir) / "kvconform-warmup" / key
+
+
 def warm(subject: str, case_shards: list[list[Case]], contract: Contract, devices: list[str],
-         processes: int) -> Warmup:
+         processes: int, key: str = "") -> Warmup:
     """Run the forwards of the subject named `subject` (harness.subjects.load_subject) over every case, in shards
-    that share compiled variants, in `contract`'s geometry: `processes` at a time, shard i on devices[i % len]."""
+    that share compiled variants, in `contract`'s geometry: `processes` at a time, shard i on devices[i % len].
+    With a `key` (fingerprint), skipped where a warm-up of that key finished before in this Triton cache."""
     start = time.perf_counter()
     jobs = [(subject, shard, contract, devices[i % len(devices)]) for i, shard in enumerate(case_shards) if shard]
+    if key and _marker(key).exists():
+        return Warmup(sum(len(j[1]) for j in jobs), Counts(), 0, 0.0, skipped=True)
     processes = max(1, min(processes, len(jobs)))
     context = multiprocessing.get_context("spawn")  # a forked CUDA or Triton state is not usable in the child
     with ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
@@ -88,6 +116,9 @@ def warm(subject: str, case_shards: list[list[Case]], contract: Contract, device
     for c, e in done:
         total += c
         errors += e
+    if key and not errors:
+        _marker(key).parent.mkdir(parents=True, exist_ok=True)
+        _marker(key).touch()
     return Warmup(sum(len(j[1]) for j in jobs), total, processes, time.perf_counter() - start, tuple(errors))
 
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from hypothesis import strategies as st
 
 from harness.cache import PAGE_ORDERS, Paging, paging
-from harness.cases import Case, Sparsity
+from harness.cases import SPARSITY_MODES, Case, Sparsity
 from harness.contract import Contract, Dims
 
 
@@ -82,9 +82,9 @@ def heads(draw, sizes: Sizes) -> tuple[int, int]:
 
 
 @st.composite
-def sparsities(draw, sizes: Sizes) -> Sparsity:
-    """none, skip-softmax (threshold varies) or N:M (m fixed per compile; n, sink, recent vary)."""
-    mode = draw(st.sampled_from(("none", "skip_softmax", "nm")))
+def sparsities(draw, sizes: Sizes, mode: str | None = None) -> Sparsity:
+    """none, skip-softmax (threshold varies) or N:M (m fixed per compile; n, sink, recent vary); `mode` fixes which."""
+    mode = mode or draw(st.sampled_from(SPARSITY_MODES))
     if mode == "skip_softmax":
         return Sparsity(mode, threshold=draw(st.sampled_from(SKIP_THRESHOLDS)))
     if mode == "nm":
@@ -95,8 +95,9 @@ def sparsities(draw, sizes: Sizes) -> Sparsity:
 
 
 @st.composite
-def cases(draw, sizes: Sizes) -> Case:
-    """A valid Case with compile-time values from `sizes` and everything else free."""
+def cases(draw, sizes: Sizes, mode: str | None = None) -> Case:
+    """A valid Case with compile-time values from `sizes` and everything else free (the sparsity mode too, unless
+    `mode` is given)."""
     block_size = draw(st.sampled_from(sizes.block_sizes))
     q_lens, kv_lens = draw(sequence_mixes(block_size, sizes))
     num_heads, kv_heads = draw(heads(sizes))
@@ -104,7 +105,7 @@ def cases(draw, sizes: Sizes) -> Case:
         q_lens, kv_lens, num_heads, kv_heads,
         head_dim=draw(st.sampled_from(sizes.head_dims)), block_size=block_size,
         dtype=draw(st.sampled_from(sizes.dtypes)), causal=draw(st.booleans().map(lambda b: not b)),
-        sparsity=draw(sparsities(sizes)), seed=draw(st.integers(0, 2**16)),
+        sparsity=draw(sparsities(sizes, mode)), seed=draw(st.integers(0, 2**16)),
     )
 
 
