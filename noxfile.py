@@ -1,13 +1,17 @@
 """kvconform sessions (uv backend; all sessions share uv's wheel cache unless noted).
 
     nox -s tests                                  harness unit tests (CPU)
-    nox -s conformance                            the default subset of matrix.toml, one session per release
-    nox -s "conformance(release='0.33.0')" -- -x  one release; pytest options after --
+    nox -s conformance                            matrix.toml's default subset: one session per release
+    nox -s "conformance(release='0.9.2')" -- -x   any release of matrix.toml; pytest options after --
+    nox -t matrix                                 every release of matrix.toml (not main), one session each
     nox -s replay                                 conformance suites over every recorded fixture, no vLLM (CPU CI)
     nox -s probe -- 0.32.0 0.33.0 [--check]       record (or check for drift) contracts of chosen releases
     nox -s nightly                                vLLM main from matrix.toml's [nightly] index (or KVCONFORM_NIGHTLY_INDEX)
     nox -s report | bench | bench_suites | mutants
 
+Each release's session runs on the python matrix.toml gives it (nox finds it on PATH, or has uv download it). Torch
+is uv's choice, steered by uv's own settings: PyPI's build by default, UV_TORCH_BACKEND=cpu (cu128, ...) for the
+PyTorch index's, UV_FIND_LINKS for a folder of wheels (.ci/run sets what this project's CI machines need).
 A vLLM venv is ~9 GB: KVCONFORM_DROP_VENV=1 or the posarg --drop-venv removes a session's venv when it ends.
 """
 
@@ -31,24 +35,7 @@ nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
-RELEASES = matrix.load()
-WHEELS = Path("/opt/wheels")  # a CPU torch wheel lives here on this project's machines; torch from PyPI is CUDA (GBs)
-PYENV = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-
-
-def _expose_interpreters() -> None:
-    """uv cannot download interpreters here and pyenv's shims fail unless a version is selected, so link pyenv's
-    versioned interpreters (python3.12, ...) into one directory put first on PATH; python/python3 stay as they are."""
-    links = ROOT / ".nox" / "interpreters"
-    links.mkdir(parents=True, exist_ok=True)
-    for exe in sorted(PYENV.glob("3.1[0-4]*/bin/python3.1[0-4]")):
-        link = links / exe.name
-        if not link.exists():
-            link.symlink_to(exe)
-    os.environ["PATH"] = os.pathsep.join([str(links), os.environ.get("PATH", "")])
-
-
-_expose_interpreters()
+RELEASES = [r for r in matrix.load() if not r.nightly]
 
 
 @contextlib.contextmanager
@@ -66,33 +53,10 @@ def _posargs(session: nox.Session) -> Iterator[list[str]]:
             _remove(session, Path(location))
 
 
-def _cpu_torch(session: nox.Session) -> None:
-    """Install a local CPU torch first so that `.[test]` does not pull a CUDA torch from PyPI."""
-    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    wheels = sorted(WHEELS.glob(f"torch-*-{tag}-*.whl")) if WHEELS.is_dir() else []
-    if wheels and session.python in (None, f"{sys.version_info.major}.{sys.version_info.minor}"):
-        session.install(str(wheels[-1]))
-
-
-def _requested() -> set[str]:
-    """Session names given with -s/--sessions/-e on this nox command line."""
-    out, taking = set(), False
-    for a in sys.argv[1:]:
-        if a == "--":
-            break
-        if a in ("-s", "--session", "--sessions", "-e"):
-            taking = True
-        elif a.startswith("-"):
-            taking = False
-        elif taking:
-            out.add(a)
-    return out
-
-
 @nox.session
 def tests(session: nox.Session) -> None:
+    """The harness's own unit tests (CPU)."""
     with _posargs(session) as args:
-        _cpu_torch(session)
         session.install("-e", ".[test,modelopt]")
         session.run("pytest", "tests", "-n", "2", *args)
 
@@ -115,44 +79,43 @@ def _conformance(session: nox.Session, release: matrix.Release, *extra: str) -> 
     with _posargs(session) as args:
         _install_vllm(session, release, *extra)
         junit = ROOT / "results" / release.name / "junit.xml"
-        session.run("pytest", "conformance", "--release", release.name, f"--junitxml={junit}", *args)
+        session.run("pytest", "conformance", "--kvconform-release", release.name, f"--junitxml={junit}", *args)
 
 
-@nox.session(python="3.12")
-@nox.parametrize("release", [r.name for r in RELEASES if not r.nightly])
+@nox.session(tags=["matrix"])
+@nox.parametrize(("python", "release"), [nox.param(r.python, r.name, id=f"release={r.name!r}")
+                                         for r in RELEASES if r.default])
 def conformance(session: nox.Session, release: str) -> None:
-    """One release; a plain `nox -s conformance` runs only the default subset (the others say they were skipped)."""
-    r = matrix.get(release)
-    if not r.default and session.name not in _requested():
-        session.skip(f"vllm {release} is not in matrix.toml's default subset; run it by its full session name")
-    _conformance(session, r)
+    """The default subset: the newest release of each contract era."""
+    _conformance(session, matrix.get(release))
 
 
-@nox.session(python="3.12")
+@nox.session(python=matrix.get("main").python)
 def nightly(session: nox.Session) -> None:
-    """vLLM main: conformance against the newest nightly wheel, live probe with the drift check against main.json."""
+    """vLLM main from the nightly index: conformance, and the live probe's drift check against main.json."""
     _conformance(session, matrix.get("main"), *matrix.install_args(matrix.nightly_index()))
 
 
 @nox.session
 def replay(session: nox.Session) -> None:
-    """Every recorded release's contracts through the conformance suites, without vLLM (fixtures replayed)."""
+    """Every recorded release's contracts through the conformance suites, without vLLM (CPU CI)."""
     # The recordings' names, read here without importing harness.fixtures: nox's own interpreter has no torch.
     recorded = sorted((p.stem for p in (ROOT / "fixtures" / "contracts").glob("*.json")), key=matrix.version_key)
     with _posargs(session) as args:
-        _cpu_torch(session)
         session.install("-e", ".[test]")
         junit = ROOT / "results" / "replay" / "junit.xml"
         session.log(f"replaying {len(recorded)} recorded releases: {', '.join(recorded)}")
-        session.run("pytest", "conformance", "--release", "recorded", "-n", "2", "--hypothesis-profile=ci",
-                    f"--junitxml={junit}", *args, env={"TRITON_INTERPRET": "1"})
+        session.run("pytest", "conformance", "--kvconform-release", "recorded", "-n", "2",
+                    "--hypothesis-profile=kvconform-ci", f"--junitxml={junit}", *args, env={"TRITON_INTERPRET": "1"})
 
 
 @nox.session(venv_backend="none")
 def probe(session: nox.Session) -> None:
-    """Per release named in posargs: install it cold (fresh venv, empty uv cache of its own) and again warm (fresh
-    venv, that cache), print both times, run `python -m harness.probe` in it (record, or --check for drift), then
-    remove the venv and the cache. Install and probe failures are reported per release; the others still run."""
+    """Probe the releases named in posargs: record their contracts, or --check them for drift.
+
+    Per release: install it cold (fresh venv, empty uv cache of its own) and again warm (fresh venv, that cache),
+    print both times, run `python -m harness.probe` in it, then remove the venv and the cache. Install and probe
+    failures are reported per release; the others still run."""
     names = [a for a in session.posargs if not a.startswith("-")]
     check = "--check" in session.posargs
     if not names:
@@ -203,13 +166,14 @@ def _timed_install(session: nox.Session, r: matrix.Release, venv: Path, cache: P
 
 @nox.session
 def report(session: nox.Session) -> None:
+    """Fold results/*/results.jsonl into the release x geometry matrix (results/report.md, report.json)."""
     session.install("-e", ".")
     session.run("python", "-m", "harness.report", "results", *session.posargs)
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    _cpu_torch(session)
+    """Kernel timings, paged vs dense per physical order (needs CUDA)."""
     session.install("-e", ".")
     session.run("python", "benchmarks/bench_kernel.py", *session.posargs)
 
@@ -223,6 +187,23 @@ def bench_suites(session: nox.Session) -> None:
 
 @nox.session
 def mutants(session: nox.Session) -> None:
-    _cpu_torch(session)
+    """The planted-bug kernels, each caught by a check."""
     session.install("-e", ".[test]")
     session.run("pytest", "tests", "-k", "mutant or catches", *session.posargs)
+
+
+def _release_session(r: matrix.Release) -> None:
+    """A release outside the default subset, under the name a parametrised `conformance` session would have, so that
+    `nox -s "conformance(release='0.9.2')"` reaches every release while a plain `nox -s conformance` runs (and lists)
+    only the default subset. Registered last, so that `nox -l` lists them after the other sessions."""
+
+    def release_session(session: nox.Session) -> None:
+        _conformance(session, r)
+
+    release_session.__doc__ = "Outside the default subset."
+    nox.session(name=f"conformance(release={r.name!r})", python=r.python, tags=["matrix"])(release_session)
+
+
+for _r in RELEASES:
+    if not _r.default:
+        _release_session(_r)

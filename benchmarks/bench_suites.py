@@ -39,8 +39,8 @@ def run(name: str, gpus: str, cpus: int, cache: Path, releases: list[str], out: 
         timeout: float) -> dict:
     """One timed suites process, on the first `cpus` CPUs, ended after `timeout` seconds; its figures."""
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", "-q", "--hypothesis-profile=gpu",
-           f"--results-dir={out}", *[f"--release={r}" for r in releases], *extra]
+    cmd = [sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", "-q", "--hypothesis-profile=kvconform-gpu",
+           f"--kvconform-results-dir={out}", *[f"--kvconform-release={r}" for r in releases], *extra]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True,

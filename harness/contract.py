@@ -78,14 +78,38 @@ class Geometry:
 
 
 @dataclass(frozen=True)
+class Origin:
+    """Where a contract was read: the vLLM release, its attention backend, and the setting it was read under (e.g.
+    `LBHNC single-layer`). Recordings keep it as one line, `vllm <release> <backend> <setting>`."""
+
+    release: str = ""
+    backend: str = ""
+    setting: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> Origin:
+        """The one reader of a recorded origin line; a line not of that form is all setting."""
+        parts = text.split(" ", 3)
+        if len(parts) >= 3 and parts[0] == "vllm":
+            return cls(parts[1], parts[2], parts[3] if len(parts) == 4 else "")
+        return cls(setting=text)
+
+    def __str__(self) -> str:
+        head = f"vllm {self.release} {self.backend}" if self.release else ""
+        return " ".join(p for p in (head, self.setting) if p)
+
+
+@dataclass(frozen=True)
 class Contract:
     """Logical axes of a layer's kv_cache plus the physical (memory) order of its allocation."""
 
     logical: tuple[str, ...]
     physical: tuple[str, ...]
-    origin: str = field(default="", compare=False)
+    origin: Origin = field(default=Origin(), compare=False)  # a recorded line is parsed into an Origin
 
     def __post_init__(self) -> None:
+        if isinstance(self.origin, str):
+            object.__setattr__(self, "origin", Origin.parse(self.origin))
         if self.logical not in FAMILIES:
             known = ", ".join(f"{name} [{','.join(axes)}]" for axes, name in FAMILIES.items())
             raise ContractError(
@@ -140,7 +164,7 @@ class Contract:
         )
 
     def _from(self) -> str:
-        return f" from {self.origin}" if self.origin else ""
+        return f" from {self.origin}" if str(self.origin) else ""
 
     def physical_shape(self, dims: Dims) -> tuple[int, ...]:
         """Sizes of the allocation in memory order."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from importlib import resources
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -33,7 +34,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10 has no tomllib; tomli is the same parser (a dependency on 3.10 only).
     import tomli as tomllib
 
-DIRECTORY = Path(__file__).resolve().parent.parent / "fixtures" / "known_findings"
+DIRECTORY = Path(str(resources.files("harness") / "recorded" / "known_findings"))  # shipped as package data
 FIELDS = ("releases", "geometry", "sparsity", "check", "outcome", "reason", "link")
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from harness.contract import Contract, ContractError
 
-ROOT = Path(__file__).resolve().parent.parent / "fixtures" / "contracts"
+ROOT = Path(str(resources.files("harness") / "recorded" / "contracts"))  # shipped as package data
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Recording:
         return {
             "release": self.release,
             "contracts": [
-                {"logical": list(c.logical), "physical": list(c.physical), "origin": c.origin} for c in self.contracts
+                {"logical": list(c.logical), "physical": list(c.physical), "origin": str(c.origin)} for c in self.contracts
             ],
             "observations": self.observations,
         }
@@ -101,10 +102,9 @@ def drift(recorded: Recording, live: Recording) -> list[str]:
 
 
 def _setting(c: Contract) -> str:
-    # The origin reads "vllm <version> <backend> <setting>"; the version is dropped so that a nightly build
-    # compares cleanly with the release it is checked against.
-    parts = c.origin.split(" ", 2)
-    return parts[2] if len(parts) == 3 and parts[0] == "vllm" else c.origin
+    # Backend and setting without the release, so that a nightly build compares cleanly with the release it is
+    # checked against.
+    return " ".join(p for p in (c.origin.backend, c.origin.setting) if p)
 
 
 def _contract_diff(a: Contract, b: Contract) -> list[str]:

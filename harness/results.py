@@ -28,10 +28,34 @@ import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass
+from enum import Enum
 from pathlib import Path
 
-OUTCOMES = ("bit-identical", "within-tolerance", "rejected", "differs", "accepted", "unsupported",
-            "contract-error", "subject-error", "install-error", "harness-error", "skipped", "not-run")
+
+
+class Word(str, Enum):
+    """An outcome word (the list above); a str, so that result lines hold the word itself."""
+
+    BIT_IDENTICAL = "bit-identical"
+    WITHIN_TOLERANCE = "within-tolerance"
+    REJECTED = "rejected"
+    DIFFERS = "differs"
+    ACCEPTED = "accepted"
+    UNSUPPORTED = "unsupported"
+    CONTRACT_ERROR = "contract-error"
+    SUBJECT_ERROR = "subject-error"
+    INSTALL_ERROR = "install-error"
+    HARNESS_ERROR = "harness-error"
+    SKIPPED = "skipped"
+    NOT_RUN = "not-run"
+
+    @property
+    def passing(self) -> bool:
+        """The check held (the only words that count as a pass)."""
+        return self.value in PASSING
+
+
+OUTCOMES = tuple(w.value for w in Word)
 PASSING = ("bit-identical", "within-tolerance", "rejected")
 STALE = "stale"
 

@@ -174,7 +174,7 @@ class Example:
         """One line of JSON that `from_json` turns back into this exact example."""
         body = asdict(self)
         body["contract"] = {"logical": list(self.contract.logical), "physical": list(self.contract.physical),
-                            "origin": self.contract.origin}
+                            "origin": str(self.contract.origin)}
         return json.dumps(body, sort_keys=True)
 
     @classmethod

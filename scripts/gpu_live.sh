@@ -5,7 +5,7 @@
 # For each release: unpack .vllm-slim/vllm-RELEASE-slim.tar.xz (scripts/slim_vllm.sh) into a temp dir, put it and
 # its site312/ (wheels the image lacks; sitecustomize.py = scripts/gpu_lane_stubs.py) first on PYTHONPATH, print the
 # live probe's drift check against fixtures/contracts/RELEASE.json, then run
-#   python3 -m pytest conformance --release RELEASE -p no:cacheprovider --results-dir=$OUT_DIR/gpu-live [args]
+#   python3 -m pytest conformance --kvconform-release RELEASE -p no:cacheprovider --kvconform-results-dir=$OUT_DIR/gpu-live [args]
 # OUT_DIR: default $OUT (the device runner's output folder), else ./results. PYTHON: default python3.
 # Exit status: 0 when every release's probe check and pytest run passed, else the last failing status.
 set -uo pipefail
@@ -29,7 +29,7 @@ for release in ${releases//,/ }; do
     export PYTHONPATH=$tree:$tree/site312${base:+:$base}
     $py -c "import importlib.metadata as m, vllm; print('vllm', m.version('vllm'), 'from', vllm.__file__)"
     $py -m harness.probe --release "$release" --check || status=$?
-    $py -m pytest conformance --release "$release" -p no:cacheprovider --results-dir="$out" "$@" || status=$?
+    $py -m pytest conformance --kvconform-release "$release" -p no:cacheprovider --kvconform-results-dir="$out" "$@" || status=$?
     rm -rf "$tree"
 done
 export PYTHONPATH=$base

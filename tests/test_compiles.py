@@ -18,6 +18,7 @@ from hypothesis import strategies as st  # noqa: E402
 from harness import compiles  # noqa: E402
 from harness.contract import families  # noqa: E402
 from harness.strategies import CPU, GPU, examples, warmup_shards  # noqa: E402
+from harness.subjects import load_subject  # noqa: E402
 from harness.subjects.builtin import BuiltinSubject, num_splits, variant  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,6 +88,22 @@ def test_the_warm_up_runs_the_subject_in_parallel_processes():
     done = compiles.warm("builtin", shards, families()[4], ["cpu"], 2)
     assert done.errors == () and done.cases == sum(map(len, shards)) and done.processes == 2
     assert done.counts == compiles.Counts(0, 0)
+
+
+def test_a_finished_warm_up_is_not_repeated_in_the_same_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(compiles.triton.knobs.cache, "dir", str(tmp_path))
+    shards = [[c for c in shard if max(c.kv_lens) <= 32][:1] for shard in warmup_shards(CPU)[:2]]
+    subject = load_subject("builtin")
+    key = compiles.fingerprint(subject, shards, ["cpu"])
+    assert key != compiles.fingerprint(subject, shards[:1], ["cpu"])  # other cases, another warm-up
+    first = compiles.warm("builtin", shards, families()[4], ["cpu"], 1, key)
+    again = compiles.warm("builtin", shards, families()[4], ["cpu"], 1, key)
+    assert not first.skipped and again.skipped and "skipped" in again.describe()
+    assert not compiles.warm("builtin", shards, families()[4], ["cpu"], 1, key[::-1]).skipped  # another key
+    # A warm-up that met errors leaves no marker: the next one tries again.
+    faulty = "tests.test_faults:FaultsOnOneGeometry"  # raises on this geometry
+    failed = compiles.warm(faulty, shards, families()[1], ["cpu"], 1, "faulty")
+    assert failed.errors and not compiles.warm(faulty, shards, families()[1], ["cpu"], 1, "faulty").skipped
 
 
 PTX = """

@@ -288,3 +288,16 @@ def test_round_trip_passes_for_the_right_split():
     for contract in ALL:
         dims = Dims(3, 16, 2, 8, num_layers=2 if contract.shared else 1)
         assert round_trip_failure(contract, dims, lambda c, t: c.split(t)) is None
+
+
+def test_a_recorded_origin_is_read_into_release_backend_and_setting():
+    from harness import fixtures
+    from harness.contract import Origin
+
+    o = Origin.parse("vllm 0.33.0 FLASH_ATTN LBNHC single-layer + BLNHC single-layer")
+    assert (o.release, o.backend, o.setting) == ("0.33.0", "FLASH_ATTN", "LBNHC single-layer + BLNHC single-layer")
+    assert Origin.parse("hand-made") == Origin(setting="hand-made") and str(Origin()) == ""
+    for release in fixtures.releases():  # every recorded line reads back into the same line, naming its release
+        for c in fixtures.load(release).contracts:
+            assert c.origin.backend.startswith("FLASH_ATTN") and str(Origin.parse(str(c.origin))) == str(c.origin)
+            assert c.origin.release == release or release == "main"

@@ -3,7 +3,7 @@ caused it; the rest of the run goes on in a fresh xdist worker.
 
 On the CPU the fault is simulated: the planted subject raises the error CUDA gives for an illegal address and
 makes `harness.devices.poisoned` report the device unusable, as a real fault would. On a GPU, `ReadsPastCache`
-faults for real: `PYTHONPATH=tests pytest conformance --release 0.33.0 --subject test_faults:ReadsPastCache`.
+faults for real: `PYTHONPATH=tests pytest conformance --kvconform-release 0.33.0 --kvconform-subject test_faults:ReadsPastCache`.
 """
 
 import json
@@ -59,11 +59,11 @@ def test_a_poisoned_device_is_one_subject_error_and_the_run_goes_on(tmp_path):
     assert FAULTY in {c.name for c in geometries}
     save(Recording("0.20.0", tuple(geometries)), tmp_path / "contracts")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--hypothesis-profile=ci",
-           "conformance/test_bit_identity.py", "--release=0.20.0", "--max-examples=2", "-n", "2",
-           "--subject=test_faults:FaultsOnOneGeometry", f"--contracts-dir={tmp_path / 'contracts'}",
-           f"--results-dir={tmp_path / 'results'}", f"--regressions-dir={tmp_path / 'regressions'}",
-           f"--known-findings={tmp_path / 'known'}"]
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--hypothesis-profile=kvconform-ci",
+           "conformance/test_bit_identity.py", "--kvconform-release=0.20.0", "--kvconform-max-examples=2", "-n", "2",
+           "--kvconform-subject=test_faults:FaultsOnOneGeometry", f"--kvconform-contracts-dir={tmp_path / 'contracts'}",
+           f"--kvconform-results-dir={tmp_path / 'results'}", f"--kvconform-regressions-dir={tmp_path / 'regressions'}",
+           f"--kvconform-known-findings={tmp_path / 'known'}"]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-4000:]

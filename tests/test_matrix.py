@@ -109,3 +109,56 @@ def test_pins_travel_with_the_release_requirement():
     r = matrix.get("0.9.2")
     assert r.requirements == ("vllm==0.9.2", "transformers<4.54")
     assert matrix.get("0.33.0").requirements == ("vllm==0.33.0",)
+
+
+def _nox_sessions(noxfile: Path, *select: str) -> list[dict]:
+    """The sessions `nox -l --json` selects with `select` (-s NAME, -t TAG) in `noxfile`: no venv is made."""
+    nox = shutil.which("nox")
+    if nox is None:
+        pytest.skip("nox is not on PATH (the sessions' layout is checked where nox runs the tests)")
+    done = subprocess.run([nox, "-f", str(noxfile), "-l", "--json", *select], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def _session(name: str) -> str:
+    return f"conformance(release={name!r})"
+
+
+@pytest.fixture
+def noxfile_with_pythons(tmp_path):
+    """The noxfile and harness beside a matrix.toml whose pythons differ per release (nox -l resolves none)."""
+    shutil.copy(REPO / "noxfile.py", tmp_path)
+    shutil.copytree(REPO / "harness", tmp_path / "harness", ignore=shutil.ignore_patterns("__pycache__"))
+    pythons = {"0.8.5.post1": "3.10", "0.9.2": "3.11", "0.33.0": "3.13", "main": "3.14"}
+    text = (REPO / "matrix.toml").read_text()
+    for name, python in pythons.items():
+        old = f'name = "{name}"\npython = "3.12"\n'
+        assert old in text, f"matrix.toml's entry for {name} no longer reads {old!r}"
+        text = text.replace(old, f'name = "{name}"\npython = "{python}"\n')
+    (tmp_path / "matrix.toml").write_text(text)
+    return tmp_path / "noxfile.py", matrix.load(tmp_path / "matrix.toml")
+
+
+def test_plain_conformance_runs_only_the_default_subset_each_on_its_python(noxfile_with_pythons):
+    noxfile, releases = noxfile_with_pythons
+    got = [(s["session"], s["python"]) for s in _nox_sessions(noxfile, "-s", "conformance")]
+    assert got == [(_session(r.name), r.python) for r in releases if r.default]
+    assert ("conformance(release='0.33.0')", "3.13") in got and ("conformance(release='0.8.5.post1')", "3.10") in got
+
+
+def test_every_release_is_a_session_by_its_name_on_its_python(noxfile_with_pythons):
+    noxfile, releases = noxfile_with_pythons
+    every = {s["session"]: s["python"] for s in _nox_sessions(noxfile, "-t", "matrix")}
+    assert every == {_session(r.name): r.python for r in releases if not r.nightly}
+    # One outside the default subset, by the name the README gives (either quoting), on matrix.toml's python.
+    for name in ("conformance(release='0.9.2')", 'conformance(release="0.9.2")'):
+        assert [(s["session"], s["python"]) for s in _nox_sessions(noxfile, "-s", name)] == [(_session("0.9.2"), "3.11")]
+    assert [s["python"] for s in _nox_sessions(noxfile, "-s", "nightly")] == ["3.14"]
+
+
+def test_the_repository_noxfile_has_the_readme_sessions():
+    others = ["tests", "replay", "probe", "nightly", "report", "bench", "bench_suites", "mutants"]
+    got = {s["session"] for s in _nox_sessions(REPO / "noxfile.py", "-s", "conformance", *others)}
+    assert got == {*others, *(_session(r.name) for r in matrix.default())}

@@ -46,7 +46,7 @@ except ModeloptUnavailable as unavailable:
     pytest.skip(str(unavailable), allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("oracle_check", ROOT / "conformance" / "test_oracle.py")
+_spec = importlib.util.spec_from_file_location("oracle_check", ROOT / "kvconform" / "suites" / "test_oracle.py")
 oracle_check = importlib.util.module_from_spec(_spec)  # the oracle check's judgement, as the suites run it
 _spec.loader.exec_module(oracle_check)
 SHAPE_ERA = VllmRelease("0.28.0", frozenset(LAYOUT_METHODS))  # vLLM <= 0.28: get_kv_cache_shape + stride order
@@ -109,7 +109,7 @@ def test_an_unbound_subject_replays_the_release_a_recorded_contract_names(releas
         dims = _dims(contract, 3)
         kv = contract.allocate(dims, torch.float16)
         if "get_kv_cache_shape" not in expected.backend_methods:
-            named = contract.origin.split()[1]  # main.json is a copy of the newest release and names it
+            named = contract.origin.release  # main.json is a copy of the newest release and names it
             with pytest.raises(ContractError, match=f"REPLAY of vLLM {named}.*no attribute 'get_kv_cache_shape'"):
                 ModeloptSubject().split(kv, contract)
         else:

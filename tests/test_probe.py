@@ -251,7 +251,7 @@ def test_stride_order_era_reads_both_switch_values(monkeypatch):
     rec = p.probe()
     assert rec.observations["era"] == "era_stride"
     assert set(rec.contracts) == _c(KV_FIRST, "KV.B.N.H.D", "KV.B.H.N.D")
-    assert "HND" in [c for c in rec.contracts if c.physical == ("KV", "B", "H", "N", "D")][0].origin
+    assert "HND" in [c for c in rec.contracts if c.physical == ("KV", "B", "H", "N", "D")][0].origin.setting
     assert "XYZ" in rec.observations["settings"]["rejects"]
     assert os.environ.get("VLLM_KV_CACHE_LAYOUT") is None  # the switch is restored
 
@@ -290,7 +290,7 @@ def test_enum_era_reads_every_layout_single_and_cross_layer(monkeypatch):
         "L.B.H.N.C", "L.B.N.H.C", "L.H.B.N.C", "B.L.H.N.C", "B.L.N.H.C", "B.H.L.N.C",
     )
     shared = [c for c in rec.contracts if c.physical == ("B", "N", "H", "C")][0]
-    assert "LBNHC single-layer" in shared.origin and "BLNHC single-layer" in shared.origin
+    assert "LBNHC single-layer" in shared.origin.setting and "BLNHC single-layer" in shared.origin.setting
 
 
 def test_enum_and_view_builder_disagreeing_is_a_probe_error(monkeypatch):

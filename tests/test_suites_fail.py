@@ -48,9 +48,9 @@ def layout(tmp_path_factory):
 def conformance(root: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
            "KVCONFORM_SUBJECT": SUBJECT}
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--hypothesis-profile=ci",
-           f"--contracts-dir={root / 'contracts'}", f"--results-dir={root / 'results'}",
-           f"--regressions-dir={root / 'regressions'}", f"--known-findings={root / 'known'}", *args]
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--hypothesis-profile=kvconform-ci",
+           f"--kvconform-contracts-dir={root / 'contracts'}", f"--kvconform-results-dir={root / 'results'}",
+           f"--kvconform-regressions-dir={root / 'regressions'}", f"--kvconform-known-findings={root / 'known'}", *args]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -64,8 +64,8 @@ def test_wrong_axis_fails_that_family_only_with_a_replayable_one_line_repro(layo
     # and shrinking a failure runs ~100 of them) over the NHD order of each.
     bit = "conformance/test_bit_identity.py::test_bit_identity"
     done = conformance(layout, "conformance/test_split.py", f"{bit}[0.9.0-blocks-first:B.KV.N.H.D]",
-                       f"{bit}[0.30.0-kv-first:KV.B.N.H.D]", "--release=0.9.0", "--release=0.30.0",
-                       "--max-examples=3", "-rA")
+                       f"{bit}[0.30.0-kv-first:KV.B.N.H.D]", "--kvconform-release=0.9.0", "--kvconform-release=0.30.0",
+                       "--kvconform-max-examples=3", "-rA")
     out = done.stdout
     assert done.returncode == 1, out[-3000:]
     seen = outcomes(out)
@@ -108,8 +108,8 @@ def test_known_findings_are_green_but_reported_and_stale_ones_flagged(layout):
         entry.format(r="<0.10", g="blocks-first:*", o="differs", why="unbinds the block axis") +
         entry.format(r="<0.10", g="blocks-first:*", o="subject-error", why="unbinds the block axis, 1 block") +
         entry.format(r=">=0.30", g="kv-first:*", o="differs", why="no longer happens"))
-    done = conformance(layout, "conformance/test_split.py", "--release=0.9.0", "--release=0.30.0",
-                       "--max-examples=3", "-rA", f"--regressions-dir={layout / 'no-regressions'}",
+    done = conformance(layout, "conformance/test_split.py", "--kvconform-release=0.9.0", "--kvconform-release=0.30.0",
+                       "--kvconform-max-examples=3", "-rA", f"--kvconform-regressions-dir={layout / 'no-regressions'}",
                        "-n", "2")  # two xdist workers: staleness is decided on their merged results
     out = done.stdout
     assert done.returncode == 0, out[-3000:]
@@ -139,8 +139,8 @@ def test_kernel_checks_are_not_run_where_the_split_reads_the_wrong_tokens(tmp_pa
     save(Recording("0.27.0", tuple(by_family["packed"])), tmp_path / "contracts")
     save(Recording("0.20.0", tuple(by_family["kv-first"][:1])), tmp_path / "contracts")
     done = conformance(tmp_path, "conformance/test_split.py", "conformance/test_bit_identity.py",
-                       "conformance/test_determinism.py", "--release=0.27.0", "--release=0.20.0",
-                       "--max-examples=3", "-rA", "-vv", "--subject=test_suites_fail:SwapsKVForPacked")
+                       "conformance/test_determinism.py", "--kvconform-release=0.27.0", "--kvconform-release=0.20.0",
+                       "--kvconform-max-examples=3", "-rA", "-vv", "--kvconform-subject=test_suites_fail:SwapsKVForPacked")
     out = done.stdout
     assert done.returncode == 1, out[-3000:]
     seen = dict(re.findall(r"^(conformance/\S+) (PASSED|FAILED|SKIPPED)", out, re.M))
@@ -198,8 +198,8 @@ class CausalOffsetMutant:
 ])
 def test_each_other_check_fails_on_a_broken_subject(layout, subject, suite, failing):
     examples = 9 if failing == "oracle" else 3
-    done = conformance(layout, suite, "--release=0.30.0", f"--max-examples={examples}", "-rA",
-                       f"--subject=test_suites_fail:{subject}", f"--regressions-dir={layout / 'r' / subject}")
+    done = conformance(layout, suite, "--kvconform-release=0.30.0", f"--kvconform-max-examples={examples}", "-rA",
+                       f"--kvconform-subject=test_suites_fail:{subject}", f"--kvconform-regressions-dir={layout / 'r' / subject}")
     out = done.stdout
     assert done.returncode == 1, out[-3000:]
     assert set(outcomes(out).values()) == {"FAILED"}, out[-3000:]
@@ -208,6 +208,6 @@ def test_each_other_check_fails_on_a_broken_subject(layout, subject, suite, fail
 
 
 def test_unreadable_release_contracts_fail_as_contract_error(layout):
-    done = conformance(layout, "conformance/test_contracts.py", "--release=0.1.0", "-rA")
+    done = conformance(layout, "conformance/test_contracts.py", "--kvconform-release=0.1.0", "-rA")
     assert done.returncode == 1, done.stdout[-3000:]
     assert "contract-error for vLLM 0.1.0 (replay): no recorded contracts for vllm 0.1.0" in done.stdout

@@ -74,6 +74,9 @@ def test_workflow_runs_what_the_project_defines():
         assert "uses: actions/upload-artifact@v4" in job[name] and "path: results" in job[name]
     assert "if: always()" in job["report"] and "nox -s report" in job["report"]
     assert "results/report.md" in job["report"] and "merge-multiple: true" in job["report"]
+    # The report job installs kvconform on a CPU runner: uv takes a CPU torch (the GPU jobs get vLLM's own torch).
+    assert "UV_TORCH_BACKEND: cpu" in job["report"]
+    assert "UV_TORCH_BACKEND" not in job["conformance"] + job["nightly"]
 
 
 def test_matrix_command_gives_a_job_matrix():

@@ -18,6 +18,7 @@ semantics) to see where K and V land. Anything an adapter cannot read raises Pro
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.metadata
 import os
@@ -253,6 +254,7 @@ def dedupe(contracts: list[Contract]) -> tuple[Contract, ...]:
     for c in contracts:
         if c in merged:
             first = merged[c]
-            c = Contract(c.logical, c.physical, f"{first.origin} + {c.origin.split(' ', 3)[3]}")
+            c = Contract(c.logical, c.physical,
+                         dataclasses.replace(first.origin, setting=f"{first.origin.setting} + {c.origin.setting}"))
         merged[c] = c
     return tuple(merged.values())

@@ -117,4 +117,11 @@ def load_subject(name: str) -> Subject:
     if name not in SUBJECTS and ":" not in name:
         raise ValueError(f"unknown subject {name!r}; known: {sorted(SUBJECTS)}, {MUTANT}<name> or module:Class")
     module, _, cls = SUBJECTS.get(name, name).partition(":")
-    return getattr(importlib.import_module(module), cls)()
+    try:
+        found = getattr(importlib.import_module(module), cls, None)
+    except ImportError as e:
+        raise ValueError(f"subject {name!r}: cannot import module {module!r}: {e}") from None
+    if not isinstance(found, type):
+        raise ValueError(f"subject {name!r}: {module}.{cls} is {'missing' if found is None else 'not a class'}; "
+                         "a subject is named module:Class")
+    return found()

@@ -257,11 +257,8 @@ def _replaying(release: VllmRelease | None) -> str:
 
 
 def _recorded_release(contract: Contract) -> VllmRelease | None:
-    """The recorded release a replayed contract came from: probes name it in the origin, "vllm <version> ..."."""
-    parts = contract.origin.split(" ")
-    if len(parts) < 2 or parts[0] != "vllm":
-        return None
-    return _recording(parts[1])
+    """The recorded release a replayed contract came from, as its origin names it."""
+    return _recording(contract.origin.release) if contract.origin.release else None
 
 
 @functools.cache

@@ -1,0 +1,529 @@
+"""The conformance runner: (release contracts, subject, check, example) -> an outcome, recorded; no pytest in it.
+
+A check is a function (runner, example, extra) -> Outcome. `Runner.run` draws examples of one target (a release
+and one of its geometries) with hypothesis, records one result line per example (harness.results), matches what
+does not pass against the subject's known findings, and on a new finding raises `NewFinding` with ONE line that
+reproduces it; the shrunk example is kept under <regressions>/<subject>/ and replayed first by every later session.
+Anything the subject returns or raises is the subject's outcome; `harness-error` is kept for kvconform's own bugs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness import compiles, devices, findings, fixtures, results
+from harness.cache import Paging, read, write
+from harness.cases import SPARSITY_MODES
+from harness.compare import bits, diagnose
+from harness.contract import Contract, ContractError
+from harness.matrix import version_key
+from harness.results import Word
+from harness.strategies import CPU, GPU, Example, Sizes, cases, examples, warmup_shards
+from harness.subjects import load_subject
+
+# Checks that launch the subject's kernels; the others (split agreement, malformed caches, contracts) run first.
+KERNEL_CHECKS = ("bit-identity", "determinism", "oracle")
+POISONED = "the device is unusable after this call"
+CHEAP_FACTOR = 5
+
+
+def sizes_for(device: str) -> Sizes:
+    """The compile-time sets and size limits examples are drawn from on `device`."""
+    return GPU if device.startswith("cuda") else CPU
+
+
+# ---- the session: releases, their contracts, the subject ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReleaseContracts:
+    """One release's contracts for this session, live (probed, with drift against the recording) or replayed."""
+
+    release: str
+    source: str  # "live" or "replay"
+    contracts: tuple[Contract, ...]
+    error: str = ""  # the contract-error when they could not be read
+    drift: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.error:
+            return f"{self.release}: contract-error: {self.error}"
+        how = "live probe of the installed vLLM" if self.source == "live" else "replay of the recorded fixture"
+        return f"{self.release}: {how}, {len(self.contracts)} contracts: {', '.join(c.name for c in self.contracts)}"
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def load_release(release: str, contracts_dir: Path) -> ReleaseContracts:
+    """The release's contracts: probed live when vLLM is installed (with drift against the recording), else
+    replayed from the recording."""
+    if not vllm_installed():
+        try:
+            return ReleaseContracts(release, "replay", fixtures.load(release, contracts_dir).contracts)
+        except ContractError as e:
+            return ReleaseContracts(release, "replay", (), str(e))
+    from harness.probe import ProbeError, probe
+
+    try:
+        live = probe()
+    except ProbeError as e:
+        return ReleaseContracts(release, "live", (), str(e))
+    if release != "main" and live.release != release:
+        return ReleaseContracts(release, "live", (), f"the installed vLLM is {live.release}, not {release}")
+    if release not in fixtures.releases(contracts_dir):
+        return ReleaseContracts(release, "live", live.contracts, drift=(f"no recording of {release} to compare",))
+    return ReleaseContracts(release, "live", live.contracts,
+                            drift=tuple(fixtures.drift(fixtures.load(release, contracts_dir), live)))
+
+
+def releases_asked(asked: list[str], contracts_dir: Path) -> list[str]:
+    """Release names from what was asked ('recorded' = every recording); the installed vLLM's when nothing was.
+    ValueError (a usage error) when nothing was asked and vLLM is not installed."""
+    if not asked:
+        if not vllm_installed():
+            raise ValueError("vLLM is not installed: name the release(s) to replay with --kvconform-release "
+                             f"(recorded: {', '.join(fixtures.releases(contracts_dir))})")
+        from harness.probe import release
+
+        asked = [release()]
+    return [r for a in asked for r in (fixtures.releases(contracts_dir) if a == "recorded" else [a])]
+
+
+@dataclass
+class Session:
+    """What every check of one process shares."""
+
+    subject_name: str
+    subject: object
+    releases: list[ReleaseContracts]
+    findings: tuple[findings.Finding, ...]
+    results_dir: Path
+    regressions_dir: Path
+    worker: str  # this process's name in result file names: <run>-<worker>
+    args: str  # the options that select this session, for repro lines
+    device: str
+    warmup: compiles.Warmup | None = None
+    workers: dict[str, dict] = field(default_factory=dict)  # xdist worker id -> what it reported at its end
+
+    @property
+    def sizes(self) -> Sizes:
+        return sizes_for(self.device)
+
+    def warm(self, subject_spec: str, gpus: list[str], processes: int) -> compiles.Warmup | None:
+        """Compile every kernel variant this session's examples can draw, before the first (see harness.compiles)."""
+        contract = next((c for r in self.releases for c in r.contracts), None)
+        if contract is None:
+            return None
+        shards = warmup_shards(self.sizes)
+        self.warmup = compiles.warm(subject_spec, shards, contract, gpus, processes,
+                                    compiles.fingerprint(self.subject, shards, gpus))
+        return self.warmup
+
+    def process_report(self) -> dict:
+        """This process's device, compiles, loads and result lines, as the run summary keeps them."""
+        c = compiles.counts()
+        return {"device": self.device, "compiled": c.compiled, "loaded": c.loaded, "results": Runner.recorded}
+
+    def write_run(self) -> None:
+        """results/run.json: the subject, releases, warm-up and every process's report."""
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        warm = None
+        if self.warmup:
+            warm = {**vars(self.warmup), "counts": vars(self.warmup.counts), "errors": list(self.warmup.errors)}
+        (self.results_dir / "run.json").write_text(json.dumps({
+            "subject": self.subject_name, "releases": [r.release for r in self.releases], "warmup": warm,
+            "processes": self.workers}, indent=1) + "\n")
+
+    def merge(self, run: str) -> None:
+        """Merge this run's per-process result files per release, then mark known findings that did not happen."""
+        for r in self.releases:
+            if results.release_dir(self.results_dir, r.release).is_dir():
+                path = results.merge(self.results_dir, r.release, run + "-")
+                if path.exists():
+                    self._mark_stale(r, path)
+
+    def _mark_stale(self, r: ReleaseContracts, path: Path) -> None:
+        # Done on merged results: with xdist a finding may apply on one worker and happen on another.
+        rows = [x for x in results.read(path.parent.parent)
+                if x.release == r.release and x.subject == self.subject_name]
+        happened = {x.known for x in rows if x.known}
+        for f in self.findings:
+            applied = any(f.applies(x.release, x.geometry, x.sparsity, x.check) and x.outcome != Word.UNSUPPORTED
+                          for x in rows)
+            if applied and f.id not in happened:
+                results.append(self.results_dir, results.Result(
+                    r.release, r.source, self.subject_name, f.geometry, f.check, f.sparsity, results.STALE,
+                    diagnosis=f"known finding {f.id} ({f.outcome}: {f.reason}) applied but did not happen",
+                    known=f.id))
+
+    def summary(self) -> list[str]:
+        """One line per process and per release: what this run recorded, and stale known findings."""
+        lines = [f"kvconform {self.warmup.describe()}"] if self.warmup else []
+        for name, w in sorted(self.workers.items()):
+            lines.append(f"kvconform process {name} on {w['device']}: {w['results']} results; kernels "
+                         f"{w['compiled']} compiled, {w['loaded']} loaded from the disk cache" if w else
+                         f"kvconform process {name}: ended without reporting (crashed or killed)")
+        for r in self.releases:
+            path = results.release_dir(self.results_dir, r.release) / "results.jsonl"
+            if not path.exists():
+                continue
+            rows = [x for x in results.read(path.parent.parent) if x.release == r.release]
+            counts: dict[str, int] = {}
+            for x in rows:
+                counts[x.outcome] = counts.get(x.outcome, 0) + 1
+            lines.append(f"kvconform {r.release} ({r.source}) {self.subject_name}: "
+                         + ", ".join(f"{n} {word}" for word, n in sorted(counts.items())) + f" -> {path}")
+            lines += [f"  STALE {x.known}: {x.diagnosis}" for x in rows if x.outcome == results.STALE]
+        return lines
+
+
+def start(subject_spec: str, asked: list[str], contracts_dir: Path, results_dir: Path, regressions_dir: Path,
+          known_findings_dir: Path, device: str, worker: str, args: str) -> Session:
+    """The session of one process. ValueError (a usage error) for a subject or releases that cannot be named."""
+    names = releases_asked(asked, contracts_dir)
+    subject = load_subject(subject_spec)
+    known = findings.load(subject.name, known_findings_dir)
+    return Session(subject.name, subject, [load_release(r, contracts_dir) for r in names], known, results_dir,
+                   regressions_dir, worker, args, device)
+
+
+# ---- targets and stored regressions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """One release and one of its geometries; `label` names a check that uses no cache (the oracle's "dense"),
+    `mode` the one sparsity mode its cases take (any when empty)."""
+
+    release: ReleaseContracts
+    contract: Contract
+    label: str = ""
+    mode: str = ""
+
+    @property
+    def geometry(self) -> str:
+        return self.label or self.contract.name
+
+
+def targets(session: Session) -> list[Target]:
+    """Every (release, geometry) of the session."""
+    return [Target(r, c) for r in session.releases for c in r.contracts]
+
+
+def dense_targets(session: Session) -> list[Target]:
+    """The dense forward alone, which no release changes: once per session, under its newest release (a nox
+    session holds one), one target per sparsity mode so that the float64 items run side by side."""
+    newest = max((r for r in session.releases if r.contracts), key=lambda r: version_key(r.release), default=None)
+    return [Target(newest, newest.contracts[0], "dense", m) for m in SPARSITY_MODES] if newest else []
+
+
+@dataclass(frozen=True)
+class Regression:
+    """A kept failing example, bound to one release of the session that has its geometry."""
+
+    target: Target
+    example: Example
+    extra: object
+    digest: str
+
+
+def regressions(session: Session, check: str) -> list[Regression]:
+    """Every kept failing example of `check` found on this kind of device (a GPU-sized example is not replayed by
+    the CPU interpreter), once per session release that has its geometry."""
+    out = []
+    for path in sorted((session.regressions_dir / session.subject_name).glob(f"{check}-*.json")):
+        body = json.loads(path.read_text())
+        if body.get("device", _device_kind(session.device)) != _device_kind(session.device):
+            continue
+        ex = Example.from_json(json.dumps(body["example"]))
+        label = body["geometry"] if body["geometry"] != ex.contract.name else ""
+        out += [Regression(Target(r, ex.contract, label), ex, body.get("extra"), path.stem.split("-")[-1])
+                for r in session.releases if ex.contract.name in {c.name for c in r.contracts}]
+    return out
+
+
+def order(check: str, regression: bool) -> int:
+    """Where an item of `check` runs: stored regressions first, then the checks that launch no kernel (a wrong
+    split is found and shrunk cheaply before any kernel check meets it), then the oracle (its items are the
+    longest), then the other kernel checks."""
+    if regression:
+        return 0
+    return 1 if check not in KERNEL_CHECKS else 2 if check == "oracle" else 3
+
+
+def _device_kind(device: str) -> str:
+    return device.split(":")[0]
+
+
+# ---- running checks ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    word: Word
+    diagnosis: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "word", Word(self.word))  # an unknown word is a ValueError here, not a result
+
+
+class Verdict(Exception):
+    """Raised out of a check by a subject call that failed: it is the subject's outcome, not a harness bug."""
+
+    def __init__(self, outcome: Outcome):
+        super().__init__(outcome.diagnosis)
+        self.outcome = outcome
+
+
+class NotRun(Exception):
+    """Raised out of a kernel check whose example the subject's split already gets wrong (the reason)."""
+
+
+class Poisoned(BaseException):
+    """A subject's call left this process's device unusable. A BaseException so that hypothesis does not shrink
+    (every further call would fail too)."""
+
+    def __init__(self, outcome: Outcome):
+        super().__init__(outcome.diagnosis)
+        self.outcome = outcome
+
+
+class NewFinding(AssertionError):
+    """An outcome no known finding predicts; its message ends with the REPRO line."""
+
+
+class DeviceLost(BaseException):
+    """The device of this process is unusable; the example is recorded and kept. Whoever runs the process ends it."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An example made concrete: token tensors, the release's kv_cache holding them, and its page table."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    kv_cache: torch.Tensor
+    paging: Paging
+
+
+@dataclass
+class Settled:
+    """How an item ended when it found nothing new: the known findings that happened, reasons examples were not
+    run, reasons the subject gave for not supporting them, and how many ran."""
+
+    ran: int = 0
+    not_run: set[str] = field(default_factory=set)
+    unsupported: set[str] = field(default_factory=set)
+    known: dict[str, findings.Finding] = field(default_factory=dict)
+    failure: tuple[Example, object, Outcome] | None = None
+
+
+class Runner:
+    """Runs one check over hypothesis-drawn examples of one target and records what happened. `replay_command`
+    is the command that replays one kept example of this check (the REPRO line appends `-k <digest>`)."""
+
+    recorded = 0  # result lines this process wrote
+
+    def __init__(self, session: Session, replay_command: str, max_examples: int | None = None):
+        self.s = session
+        self.subject = session.subject
+        self.replay_command = replay_command
+        self.max_examples = max_examples
+        self.device = session.device
+
+    # helpers for the checks
+    def prepare(self, ex: Example) -> Prepared:
+        """Tokens written where the release's contract says (what vLLM's cache write does), pages poisoned."""
+        q, k, v = ex.case.inputs(self.device)
+        kv_cache = ex.contract.allocate(ex.dims, ex.case.torch_dtype, self.device)
+        keys, values = ex.contract.split(kv_cache, ex.dims)
+        pages = ex.paging().to(self.device)
+        write(keys, values, pages, k, v)
+        return Prepared(q, k, v, kv_cache, pages)
+
+    @staticmethod
+    def outcome(word: Word | str, diagnosis: str = "") -> Outcome:
+        return Outcome(word, diagnosis)
+
+    @staticmethod
+    def compare(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Outcome:
+        """bit-identical, or differs with the harness.compare diagnosis."""
+        if actual.shape != expected.shape or actual.dtype != expected.dtype:
+            return Outcome(Word.DIFFERS, f"{what}: {tuple(actual.shape)} {actual.dtype} vs "
+                                         f"{tuple(expected.shape)} {expected.dtype}")
+        d = diagnose(actual, expected)
+        return Outcome(Word.BIT_IDENTICAL) if d is None else Outcome(Word.DIFFERS, f"{what}: not bit-identical: {d}")
+
+    def call(self, fn, *args):
+        """Call into the subject; its ContractError is a contract-error, anything else it raises a subject-error.
+        On CUDA the call is waited for, so that a fault of the subject's kernel is reported against this call."""
+        try:
+            out = fn(*args)
+            if self.device.startswith("cuda"):
+                torch.cuda.synchronize(self.device)
+            return out
+        except ContractError as e:
+            raise Verdict(Outcome(Word.CONTRACT_ERROR, f"{type(e).__name__}: {e}")) from e
+        except Exception as e:
+            why = devices.poisoned(self.device)
+            if why:
+                raise Poisoned(Outcome(Word.SUBJECT_ERROR, f"{type(e).__name__}: {e}; {POISONED} ({why})")) from e
+            raise Verdict(Outcome(Word.SUBJECT_ERROR, f"{type(e).__name__}: {e}")) from e
+
+    def split(self, p: Prepared, ex: Example) -> tuple[torch.Tensor, torch.Tensor]:
+        """The subject's K and V views of the prepared cache, for a kernel check. NotRun when they do not read the
+        tokens written where the contract says: kernels over them could only restate split-agrees' finding."""
+        got = self.call(self.subject.split, p.kv_cache, ex.contract)
+        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+            what = f"{len(got)} values" if isinstance(got, (tuple, list)) else type(got).__name__
+            raise NotRun(f"the subject's split of kv_cache {tuple(p.kv_cache.shape)} returned {what}, not a (K, V) "
+                         "pair of tensors")
+        want = ex.contract.split(p.kv_cache, ex.dims)
+        for name, a, b in zip("KV", got, want):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise NotRun(f"the subject's {name} view is {tuple(a.shape)} {a.dtype}, the contract's "
+                             f"{tuple(b.shape)} {b.dtype}")
+        for name, a, b in zip("KV", read(*got, p.paging), (p.k, p.v)):
+            if not torch.equal(bits(a), bits(b)):
+                raise NotRun(f"the subject's {name} view does not read the tokens written through the contract's "
+                             f"{name} view (split-agrees reports the split)")
+        return got
+
+    # running
+    def run(self, target: Target, check: str, fn, extra: st.SearchStrategy = st.none(),
+            needs_subject: bool = True, launches_kernels: bool = True) -> Settled:
+        """Check `fn` over generated examples of `target`; raises NewFinding only on a new finding. A check that
+        launches no kernel costs ~1/20 of one that does, so it gets CHEAP_FACTOR times the examples; a target of
+        one sparsity mode gets its share of them."""
+        state = Settled()
+        sizes = self.s.sizes
+        strategy = examples([target.contract], sizes, cases(sizes, target.mode) if target.mode else None)
+        count = (self.max_examples or settings.default.max_examples) * (1 if launches_kernels else CHEAP_FACTOR)
+        if target.mode:
+            count = -(-count // len(SPARSITY_MODES))
+
+        @settings(max_examples=count)
+        @given(ex=strategy, extra=extra)
+        def generated(ex: Example, extra) -> None:
+            self._one(target, check, fn, ex, extra, state, needs_subject)
+
+        try:
+            generated()
+        except BaseException:
+            self._keep_failure(target, check, state)
+            raise
+        return state
+
+    def replay(self, regression: Regression, check: str, fn, needs_subject: bool = True) -> Settled:
+        """Run one stored regression example."""
+        state = Settled()
+        try:
+            self._one(regression.target, check, fn, regression.example, regression.extra, state, needs_subject)
+        except BaseException:
+            self._keep_failure(regression.target, check, state)
+            raise
+        return state
+
+    def _one(self, target: Target, check: str, fn, ex: Example, extra, state: Settled, needs_subject: bool) -> None:
+        try:
+            reason = self.call(self.subject.supports, ex.case) if needs_subject else None
+            if reason:
+                state.unsupported.add(reason)
+                if state.failure is None:
+                    self._record(target, check, ex, extra, Outcome(Word.UNSUPPORTED, reason))
+                return
+            outcome = fn(self, ex, extra)
+        except Verdict as v:
+            outcome = v.outcome
+        except NotRun as e:
+            state.not_run.add(str(e))
+            if state.failure is None:
+                self._record(target, check, ex, extra, Outcome(Word.NOT_RUN, str(e)))
+            return
+        except Poisoned as p:
+            self._end_process(target, check, ex, extra, p.outcome)
+        except Exception as e:
+            state.failure = (ex, extra, Outcome(Word.HARNESS_ERROR, f"{type(e).__name__}: {e}"))
+            raise
+        state.ran += 1
+        known = None
+        if not outcome.word.passing:
+            known = findings.match(self.s.findings, target.release.release, target.geometry,
+                                   ex.case.sparsity.mode, check, outcome.word)
+            if known is None:
+                state.failure = (ex, extra, outcome)
+                raise NewFinding(f"{outcome.word.value}: {outcome.diagnosis}\n{self.repro(target, check, ex, extra)}")
+            state.known[known.id] = known
+        if state.failure is None:  # examples tried while shrinking a failure are not results
+            self._record(target, check, ex, extra, outcome, known.id if known else "")
+
+    def _end_process(self, target: Target, check: str, ex: Example, extra, outcome: Outcome) -> None:
+        self._record(target, check, ex, extra, outcome)
+        self._keep_regression(target, check, ex, extra)
+        message = f"kvconform {outcome.word.value}: {outcome.diagnosis}\n{self.repro(target, check, ex, extra)}"
+        print(message, file=sys.__stderr__, flush=True)
+        raise DeviceLost(message)
+
+    def _keep_failure(self, target: Target, check: str, state: Settled) -> None:
+        # The last failing example seen is the shrunk one hypothesis reports; other errors (a deadline, say)
+        # propagate as they are.
+        if state.failure is not None:
+            ex, extra, outcome = state.failure
+            self._record(target, check, ex, extra, outcome)
+            self._keep_regression(target, check, ex, extra)
+
+    def repro(self, target: Target, check: str, ex: Example, extra) -> str:
+        """ONE line that reproduces a failing example: what it is, and the command that replays it."""
+        return (f"REPRO {check} release={target.release.release} ({target.release.source}) "
+                f"geometry={target.geometry} layers={ex.num_layers}/{ex.layer} num_blocks={ex.num_blocks} "
+                f"pages={ex.page_order}/{ex.page_seed} extra={extra!r} {ex.case!r} :: "
+                f"{self.replay_command} {self.s.args} -k {ex.digest()}")
+
+    def _keep_regression(self, target: Target, check: str, ex: Example, extra) -> None:
+        d = self.s.regressions_dir / self.s.subject_name
+        d.mkdir(parents=True, exist_ok=True)
+        body = {"check": check, "subject": self.s.subject_name, "release": target.release.release,
+                "geometry": target.geometry, "example": json.loads(ex.to_json()), "extra": extra,
+                "case": repr(ex.case), "device": _device_kind(self.device)}
+        (d / f"{check}-{ex.digest()}.json").write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+
+    def _record(self, target: Target, check: str, ex: Example, extra, outcome: Outcome, known: str = "") -> None:
+        results.append(self.s.results_dir, results.Result(
+            target.release.release, target.release.source, self.s.subject_name, target.geometry, check,
+            ex.case.sparsity.mode, outcome.word.value, ex.digest(),
+            self.repro(target, check, ex, extra) if not outcome.word.passing else "",
+            outcome.diagnosis, known, self.device), self.s.worker)
+        Runner.recorded += 1
+
+    def record_target(self, target: Target, check: str, outcome: Outcome) -> None:
+        """Record an outcome of a whole (release, geometry) item, e.g. a check that cannot run here."""
+        results.append(self.s.results_dir, results.Result(
+            target.release.release, target.release.source, self.s.subject_name, target.geometry, check, "*",
+            outcome.word.value, diagnosis=outcome.diagnosis, device=self.device), self.s.worker)
+        Runner.recorded += 1
+
+    def record_release(self, r: ReleaseContracts, check: str, outcome: Outcome) -> str:
+        """Record a whole-release outcome (contracts unreadable, drift); the known finding's id if one predicts it."""
+        known = findings.match(self.s.findings, r.release, "*", "*", check, outcome.word.value)
+        results.append(self.s.results_dir, results.Result(r.release, r.source, self.s.subject_name, "*", check, "*",
+                                                          outcome.word.value, diagnosis=outcome.diagnosis,
+                                                          known=known.id if known else ""), self.s.worker)
+        return known.id if known else ""
+
+
+def run_id() -> str:
+    """One id per session, inherited by its xdist workers: their result files are told apart from another
+    session's."""
+    return os.environ.setdefault("KVCONFORM_RUN", f"run{os.getpid()}")

@@ -1,0 +1,1 @@
+"""The conformance checks, one module per check: `pytest --pyargs kvconform.suites --kvconform-subject ...`."""

@@ -1,0 +1,146 @@
+"""kvconform as another project uses it: the pytest plugin (entry point `kvconform`) runs kvconform.suites against
+the project's own subject from a throwaway project directory, with prefixed options, and stays inert otherwise."""
+
+import os
+import re
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+HOST_SUBJECT = '''
+"""A host project's subject: plain torch attention over the K/V its split hands it (no Triton, so quick on a CPU)."""
+import torch
+
+from harness.cache import read
+from harness.subjects import TileConfig
+
+
+class Correct:
+    name = "host-correct"
+
+    def supports(self, case):
+        return None if case.sparsity.mode == "none" else "dense attention only"
+
+    def split(self, kv_cache, contract):
+        return contract.split(kv_cache)
+
+    def tile_config(self, case):
+        return TileConfig(16, 16)
+
+    def paged_forward(self, case, q, k_cache, v_cache, paging, tile):
+        k, v = read(k_cache, v_cache, paging)
+        return self.dense_forward(case, q, k, v, tile)
+
+    def dense_forward(self, case, q, k, v, tile):
+        out, q0, k0 = torch.empty_like(q), 0, 0
+        group = case.num_heads // case.kv_heads
+        for ql, kl in zip(case.q_lens, case.kv_lens):
+            qs = q[q0:q0 + ql].float().transpose(0, 1)
+            ks = k[k0:k0 + kl].float().repeat_interleave(group, 1).transpose(0, 1)
+            vs = v[k0:k0 + kl].float().repeat_interleave(group, 1).transpose(0, 1)
+            s = qs @ ks.transpose(1, 2) * case.scale
+            if case.causal:
+                later = torch.arange(kl)[None, :] > (kl - ql + torch.arange(ql))[:, None]
+                s = s.masked_fill(later, float("-inf"))
+            out[q0:q0 + ql] = (s.softmax(-1) @ vs).transpose(0, 1).to(q.dtype)
+            q0, k0 = q0 + ql, k0 + kl
+        return out
+
+
+class Unbinds(Correct):
+    """What an RL framework did: K and V are kv_cache[0] and kv_cache[1], whatever the release."""
+
+    name = "host-unbinds"
+
+    def split(self, kv_cache, contract):
+        contract.split(kv_cache)  # the same shape checks as Correct: a malformed cache is refused alike
+        k, v, *_ = kv_cache.unbind(0)
+        return k, v
+'''
+FAMILIES = ("0.22.1", "0.25.1", "0.33.0")  # kv-first, blocks-first, packed
+
+
+@pytest.fixture
+def host(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(host_subject=HOST_SUBJECT)
+    pytester.makepyfile(test_own="def test_own_thing():\n    assert 1 + 1 == 2\n")  # the project's own tests
+    return pytester
+
+
+def _suites(host: pytest.Pytester, subject: str, *args: str):
+    releases = [f"--kvconform-release={r}" for r in FAMILIES]
+    return host.runpytest_subprocess("--pyargs", "kvconform.suites", "-p", "no:cacheprovider", "-q", "-rA",
+                                     f"--kvconform-subject=host_subject:{subject}", *releases,
+                                     "--hypothesis-profile=kvconform-ci", "--kvconform-max-examples=2",
+                                     "-k", "split or bit_identity", *args)
+
+
+def _outcomes(out: str) -> dict[str, str]:
+    """item -> PASSED / FAILED / ... from the -rA summary."""
+    return {item: word for word, item in re.findall(r"^(PASSED|FAILED|XFAIL|ERROR) \S*::(\S+)", out, re.M)}
+
+
+def test_a_correct_subject_passes_on_every_family(host):
+    done = _suites(host, "Correct")
+    out = done.stdout.str()
+    assert done.ret == 0, out[-3000:]
+    got = _outcomes(out)
+    assert got and set(got.values()) == {"PASSED"}, out[-3000:]
+    assert {r for item in got for r in FAMILIES if f"[{r}-" in item} == set(FAMILIES)
+    assert (host.path / "results" / "0.33.0" / "results.jsonl").is_file()  # results land in the host project
+
+
+def test_a_subject_that_unbinds_axis_0_fails_exactly_on_blocks_first_and_packed(host):
+    done = _suites(host, "Unbinds")
+    out = done.stdout.str()
+    assert done.ret == 1, out[-3000:]
+    got = _outcomes(out)
+    failed = {item for item, word in got.items() if word == "FAILED"}
+    assert failed and all(("[0.25.1-blocks-first" in i or "[0.33.0-packed" in i) for i in failed), got
+    assert all(word == "PASSED" for item, word in got.items() if "[0.22.1-" in item), got
+    # Every blocks-first and packed split-agrees item fails; the kernel checks there are not run, not passed.
+    split_items = [i for i in got if i.startswith("test_split_agrees[") and "0.22.1" not in i]
+    assert split_items and all(got[i] == "FAILED" for i in split_items), got
+    repros = re.findall(r"REPRO (\S+) release=(\S+)", out)
+    assert repros and {r for _, r in repros} == {"0.25.1", "0.33.0"}, out[-3000:]
+    assert "harness-error" not in out  # what the subject returned is the subject's outcome
+    kept = list((host.path / "kvconform-regressions" / "host-unbinds").glob("split-agrees-*.json"))
+    assert kept  # shrunk examples are kept in the host project, replayed by its next run
+
+
+def test_the_plugin_is_inert_without_kvconform_options(host):
+    env_before = {k for k in os.environ if k.startswith("TRITON")}
+    done = host.runpytest_subprocess("-p", "no:cacheprovider", "-q", "test_own.py")
+    done.assert_outcomes(passed=1)
+    assert not (host.path / "results").exists() and not (host.path / "kvconform-regressions").exists()
+    assert "kvconform" not in done.stdout.str()
+    assert {k for k in os.environ if k.startswith("TRITON")} == env_before
+
+
+def test_help_lists_the_prefixed_options_without_vllm(host):
+    done = host.runpytest_subprocess("--help")
+    out = done.stdout.str()
+    assert done.ret == 0
+    for option in ("--kvconform-release", "--kvconform-subject", "--kvconform-max-examples",
+                   "--kvconform-regressions-dir", "--kvconform-workers-per-gpu"):
+        assert option in out
+
+
+@pytest.mark.parametrize("subject, says", [
+    ("nope", "unknown subject 'nope'"),
+    ("os:path", "subject 'os:path': os.path is not a class"),
+    ("no_such_module:Thing", "cannot import module 'no_such_module'"),
+])
+def test_a_bad_subject_is_a_one_line_usage_error(host, subject, says):
+    done = host.runpytest_subprocess("--pyargs", "kvconform.suites", "--kvconform-release=0.33.0",
+                                     f"--kvconform-subject={subject}")
+    assert done.ret == pytest.ExitCode.USAGE_ERROR
+    err = done.stderr.str()
+    assert says in err and "Traceback" not in err and "INTERNALERROR" not in err, err
+
+
+def test_no_release_without_vllm_is_a_usage_error_naming_the_recordings(host):
+    done = host.runpytest_subprocess("--pyargs", "kvconform.suites")
+    assert done.ret == pytest.ExitCode.USAGE_ERROR
+    assert "name the release(s) to replay with --kvconform-release" in done.stderr.str()

@@ -1,0 +1,114 @@
+"""The library runner without pytest: a session, one check over examples of one target, and what it records."""
+
+import json
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from hypothesis import settings  # noqa: E402
+
+from harness import profiles, results, runner  # noqa: E402
+from harness.results import Word  # noqa: E402
+
+profiles.register()
+
+
+@pytest.fixture
+def session(tmp_path):
+    before = settings.get_current_profile_name()
+    settings.load_profile("kvconform-ci")  # derandomised, no example database
+    yield runner.start("builtin", ["0.25.1"], runner.fixtures.ROOT, tmp_path / "results", tmp_path / "regressions",
+                       runner.findings.DIRECTORY, "cpu", "test-main", "--kvconform-release=0.25.1")
+    settings.load_profile(before)
+
+
+def _run(session, check, examples=3):
+    r = runner.Runner(session, "pytest suite::check", examples)
+    return r.run(runner.targets(session)[0], "split-agrees", check, needs_subject=False, launches_kernels=False)
+
+
+def test_a_check_over_a_target_records_one_result_per_example(session):
+    def agrees(run, ex, _):
+        return run.outcome(Word.BIT_IDENTICAL)
+
+    settled = _run(session, agrees)
+    assert settled.ran == 3 * runner.CHEAP_FACTOR and not settled.known and settled.failure is None
+    rows = [json.loads(line) for f in (session.results_dir / "0.25.1").glob("results.*.jsonl")
+            for line in f.read_text().splitlines()]
+    assert len(rows) == settled.ran and {r["outcome"] for r in rows} == {"bit-identical"}
+    assert {r["geometry"] for r in rows} == {runner.targets(session)[0].geometry}
+
+
+def test_a_new_finding_raises_with_one_repro_line_and_keeps_the_shrunk_example(session):
+    def differs(run, ex, _):
+        return run.outcome(Word.DIFFERS, "planted")
+
+    with pytest.raises(runner.NewFinding) as e:
+        _run(session, differs)
+    repro = str(e.value).splitlines()[-1]
+    assert repro.startswith("REPRO split-agrees release=0.25.1 (replay) geometry=")
+    assert repro.endswith(tuple(f"-k {p.stem.split('-')[-1]}" for p in (session.regressions_dir / "builtin").glob("*")))
+    assert "pytest suite::check --kvconform-release=0.25.1" in repro
+
+
+def test_what_the_subject_raises_is_its_outcome_not_a_harness_error(session):
+    def raising(run, ex, _):
+        run.call(lambda: 1 / 0)
+
+    with pytest.raises(runner.NewFinding, match="subject-error: ZeroDivisionError"):
+        _run(session, raising)
+
+
+def test_a_bug_in_a_check_is_a_harness_error(session):
+    def buggy(run, ex, _):
+        raise KeyError("ours")
+
+    with pytest.raises(KeyError):
+        _run(session, buggy)
+    rows = results.read(session.results_dir) or [
+        results.Result(**json.loads(line)) for f in (session.results_dir / "0.25.1").glob("results.*.jsonl")
+        for line in f.read_text().splitlines()]
+    assert [r.outcome for r in rows][-1] == "harness-error"
+
+
+def test_a_known_finding_settles_instead_of_raising(session, tmp_path):
+    (tmp_path / "known").mkdir()
+    (tmp_path / "known" / "builtin.toml").write_text(
+        '[[finding]]\nreleases = "*"\ngeometry = "*"\nsparsity = "*"\ncheck = "split-agrees"\n'
+        'outcome = "differs"\nreason = "planted"\nlink = "here"\n')
+    session.findings = runner.findings.load("builtin", tmp_path / "known")
+
+    def differs(run, ex, _):
+        return run.outcome(Word.DIFFERS, "planted")
+
+    settled = _run(session, differs)
+    assert list(settled.known) == ["builtin#1"] and settled.failure is None
+
+
+def test_outcome_words_are_the_enum():
+    assert runner.Outcome("differs").word is Word.DIFFERS and not Word.DIFFERS.passing and Word.REJECTED.passing
+    with pytest.raises(ValueError):
+        runner.Outcome("passed-ish")
+
+
+def test_items_run_regressions_then_cheap_checks_then_the_oracle_then_kernels():
+    got = sorted([("bit-identity", False), ("oracle", False), ("split-agrees", False), ("determinism", True)],
+                 key=lambda c: runner.order(*c))
+    assert got == [("determinism", True), ("split-agrees", False), ("oracle", False), ("bit-identity", False)]
+
+
+def test_the_oracle_targets_are_one_per_sparsity_mode_under_the_newest_release(tmp_path):
+    s = runner.start("builtin", ["0.33.0", "0.11.2"], runner.fixtures.ROOT, tmp_path, tmp_path, runner.findings.DIRECTORY,
+                     "cpu", "t", "")
+    dense = runner.dense_targets(s)
+    assert [(t.release.release, t.geometry, t.mode) for t in dense] == [
+        ("0.33.0", "dense", m) for m in ("none", "skip_softmax", "nm")]
+
+
+def test_asking_for_nothing_without_vllm_is_a_usage_error(tmp_path):
+    with pytest.raises(ValueError, match="name the release"):
+        runner.start("builtin", [], runner.fixtures.ROOT, tmp_path, tmp_path, runner.findings.DIRECTORY, "cpu", "t", "")
