@@ -100,10 +100,16 @@ def test_a_finished_warm_up_is_not_repeated_in_the_same_cache(tmp_path, monkeypa
     again = compiles.warm("builtin", shards, families()[4], ["cpu"], 1, key)
     assert not first.skipped and again.skipped and "skipped" in again.describe()
     assert not compiles.warm("builtin", shards, families()[4], ["cpu"], 1, key[::-1]).skipped  # another key
-    # A warm-up that met errors leaves no marker: the next one tries again.
-    faulty = "tests.test_faults:FaultsOnOneGeometry"  # raises on this geometry
-    failed = compiles.warm(faulty, shards, families()[1], ["cpu"], 1, "faulty")
-    assert failed.errors and not compiles.warm(faulty, shards, families()[1], ["cpu"], 1, "faulty").skipped
+    # A warm-up that met errors leaves no marker: the next one tries again. (The subject's module must be importable
+    # in the spawned warm-up processes: they start with this process's sys.path.)
+    (tmp_path / "warm_faulty.py").write_text("from harness.subjects.builtin import BuiltinSubject\n"
+                                             "class Faulty(BuiltinSubject):\n"
+                                             "    def dense_forward(self, *args):\n"
+                                             "        raise RuntimeError('planted')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    failed = compiles.warm("warm_faulty:Faulty", shards, families()[4], ["cpu"], 1, "faulty")
+    assert failed.errors and "planted" in failed.errors[0]
+    assert not compiles.warm("warm_faulty:Faulty", shards, families()[4], ["cpu"], 1, "faulty").skipped
 
 
 PTX = """
