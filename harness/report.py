@@ -24,11 +24,12 @@ from harness.results import PASSING, STALE, Result, read
 
 # Worst first: what a reader must see before anything else in a cell.
 SEVERITY = ("harness-error", "install-error", "contract-error", "subject-error", "differs", "accepted",
-            "unsupported", "not-run", "skipped", STALE, "bit-identical", "within-tolerance", "rejected")
+            "unsupported", "not-run", "skipped", "not-applicable", STALE, "bit-identical", "within-tolerance",
+            "rejected")
 
 # Checks in the order a reader follows a release: could it be installed and read, then the layout, then the kernels.
-CHECK_ORDER = ("install", "contracts", "drift", "split-agrees", "rejects-malformed", "bit-identity", "determinism",
-               "oracle", "vllm-write")
+CHECK_ORDER = ("install", "contracts", "drift", "split-agrees", "rejects-malformed", "transfer", "bit-identity",
+               "determinism", "oracle", "vllm-write")
 
 # What a stored outcome word means for the check that recorded it. Displayed only: results and report.json keep the
 # stored word, so that one word still means one thing across checks.
@@ -58,11 +59,13 @@ KNOWN = Mark("◆", "known", "as a known finding predicted")
 UNSUPPORTED = Mark("⊘", "unsupported", "the subject says it cannot run the case")
 NOT_RUN = Mark("–", "not-run", "the split reads other elements")
 SKIPPED = Mark("○", "skipped", "could not run here")
+NOT_APPLICABLE = Mark("∅", "not-applicable", "the subject does not declare what the check needs")
 STALE_MARK = Mark("◌", "stale", "a known finding did not happen")
 PASS = Mark("✓", "pass", "bit-identical, no drift, agrees, within tolerance, rejected as documented")
-MARKS = (ERROR, FAIL, KNOWN, UNSUPPORTED, NOT_RUN, SKIPPED, STALE_MARK, PASS)
+MARKS = (ERROR, FAIL, KNOWN, UNSUPPORTED, NOT_RUN, SKIPPED, NOT_APPLICABLE, STALE_MARK, PASS)
 _MARK_OF = {**dict.fromkeys(SEVERITY[:4], ERROR), "differs": FAIL, "accepted": FAIL, "unsupported": UNSUPPORTED,
-            "not-run": NOT_RUN, "skipped": SKIPPED, STALE: STALE_MARK, **dict.fromkeys(PASSING, PASS)}
+            "not-run": NOT_RUN, "skipped": SKIPPED, "not-applicable": NOT_APPLICABLE, STALE: STALE_MARK,
+            **dict.fromkeys(PASSING, PASS)}
 
 
 def _release_key(release: str):
@@ -161,7 +164,8 @@ def fold(rows: list[Result]) -> dict:
         checks[r.subject][r.release][r.check][_word(r)] += 1
         sources[r.release].add(r.source)
     new = [r for r in rows
-           if r.outcome not in PASSING + ("unsupported", "skipped", "not-run", STALE) and not r.known]
+           if r.outcome not in PASSING + ("unsupported", "skipped", "not-run", "not-applicable", STALE)
+           and not r.known]
     known = Counter((r.known, r.release, r.geometry, r.check, r.outcome)
                     for r in rows if r.known and r.outcome != STALE)
     unsupported = Counter((r.subject, r.diagnosis) for r in rows if r.outcome == "unsupported")
@@ -361,7 +365,8 @@ td.src{color:#777;font-size:11px}td.none{color:#bbb}td.words{font-size:11px;text
 td.m{border-radius:0;min-width:52px}
 .error{background:#b71c1c;color:#fff}.fails{background:#e53935;color:#fff}.known{background:#b2dfdb;color:#004d40}
 .unsupported{background:#d7d7d7;color:#333}.not-run{background:#e4e4e4;color:#444}
-.skipped{background:#f0f0f0;color:#777}.stale{background:#ffe082;color:#5d4000}.pass{background:#c8e6c9;color:#1b5e20}
+.skipped{background:#f0f0f0;color:#777}.not-applicable{background:#fff;color:#999}
+.stale{background:#ffe082;color:#5d4000}.pass{background:#c8e6c9;color:#1b5e20}
 """
 
 

@@ -15,6 +15,8 @@ Outcome words are never folded into one another (harness.report keeps them apart
   install-error     the release could not be installed (written by nox through `python -m harness.results`)
   harness-error     a bug in kvconform itself
   skipped           the check could not run here (e.g. vLLM's CUDA write op without CUDA); never a pass
+  not-applicable    the check needs a capability the subject does not declare (e.g. forwards of a KV-cache
+                    consumer): one line per release and check; never a pass, never a finding
   not-run           a kernel check left out because the subject's split already reads other elements than the
                     contract's K/V there (split-agrees reports that finding); never a pass
 `stale` is not an outcome of a check: it marks a known finding that applied but did not happen.
@@ -48,6 +50,7 @@ class Word(str, Enum):
     HARNESS_ERROR = "harness-error"
     SKIPPED = "skipped"
     NOT_RUN = "not-run"
+    NOT_APPLICABLE = "not-applicable"
 
     @property
     def passing(self) -> bool:

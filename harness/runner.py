@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import hypothesis
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,7 +29,7 @@ from harness.contract import Contract, ContractError
 from harness.matrix import version_key
 from harness.results import Word
 from harness.strategies import CPU, GPU, Example, Sizes, cases, examples, warmup_shards
-from harness.subjects import load_subject
+from harness.subjects import DEFAULT_CAPABILITIES, FORWARD, capabilities_of, load_subject
 
 # Checks that launch the subject's kernels; the others (split agreement, malformed caches, contracts) run first.
 KERNEL_CHECKS = ("bit-identity", "determinism", "oracle")
@@ -115,6 +116,7 @@ class Session:
     device: str
     warmup: compiles.Warmup | None = None
     workers: dict[str, dict] = field(default_factory=dict)  # xdist worker id -> what it reported at its end
+    capabilities: frozenset[str] = DEFAULT_CAPABILITIES  # what the subject declares it can do (harness.subjects)
 
     @property
     def sizes(self) -> Sizes:
@@ -123,7 +125,7 @@ class Session:
     def warm(self, subject_spec: str, gpus: list[str], processes: int) -> compiles.Warmup | None:
         """Compile every kernel variant this session's examples can draw, before the first (see harness.compiles)."""
         contract = next((c for r in self.releases for c in r.contracts), None)
-        if contract is None:
+        if contract is None or FORWARD not in self.capabilities:  # a consumer launches no kernel
             return None
         shards = warmup_shards(self.sizes)
         self.warmup = compiles.warm(subject_spec, shards, contract, gpus, processes,
@@ -193,9 +195,27 @@ def start(subject_spec: str, asked: list[str], contracts_dir: Path, results_dir:
     """The session of one process. ValueError (a usage error) for a subject or releases that cannot be named."""
     names = releases_asked(asked, contracts_dir)
     subject = load_subject(subject_spec)
+    caps = capabilities_of(subject)
     known = findings.load(subject.name, known_findings_dir)
     return Session(subject.name, subject, [load_release(r, contracts_dir) for r in names], known, results_dir,
-                   regressions_dir, worker, args, device)
+                   regressions_dir, worker, args, device, capabilities=caps)
+
+
+def missing(session: Session, needs: frozenset[str] | set[str]) -> list[str]:
+    """The capabilities a check needs that the session's subject does not declare (empty: the check applies)."""
+    return sorted(set(needs) - session.capabilities)
+
+
+def record_not_applicable(session: Session, check: str, needs: frozenset[str] | set[str]) -> int:
+    """One not-applicable line per session release for a check the subject lacks capabilities for (never a pass,
+    never a finding). Returns how many lines were written."""
+    why = (f"{session.subject_name} declares {', '.join(sorted(session.capabilities))}; {check} needs "
+           f"{', '.join(sorted(needs))} (missing {', '.join(missing(session, needs))})")
+    for r in session.releases:
+        results.append(session.results_dir, results.Result(r.release, r.source, session.subject_name, "*", check, "*",
+                                                            Word.NOT_APPLICABLE.value, diagnosis=why), session.worker)
+    Runner.recorded += len(session.releases)
+    return len(session.releases)
 
 
 # ---- targets and stored regressions ------------------------------------------------------------------------------
@@ -403,13 +423,15 @@ class Runner:
 
     # running
     def run(self, target: Target, check: str, fn, extra: st.SearchStrategy = st.none(),
-            needs_subject: bool = True, launches_kernels: bool = True) -> Settled:
+            needs_subject: bool = True, launches_kernels: bool = True, strategy=None, explicit=()) -> Settled:
         """Check `fn` over generated examples of `target`; raises NewFinding only on a new finding. A check that
         launches no kernel costs ~1/20 of one that does, so it gets CHEAP_FACTOR times the examples; a target of
-        one sparsity mode gets its share of them."""
+        one sparsity mode gets its share of them. `strategy(contracts, sizes)` replaces the examples strategy;
+        `explicit(contract, sizes)` gives (example, extra) pairs that always run first."""
         state = Settled()
         sizes = self.s.sizes
-        strategy = examples([target.contract], sizes, cases(sizes, target.mode) if target.mode else None)
+        strategy = (strategy([target.contract], sizes) if strategy else
+                    examples([target.contract], sizes, cases(sizes, target.mode) if target.mode else None))
         count = (self.max_examples or settings.default.max_examples) * (1 if launches_kernels else CHEAP_FACTOR)
         if target.mode:
             count = -(-count // len(SPARSITY_MODES))
@@ -418,6 +440,9 @@ class Runner:
         @given(ex=strategy, extra=extra)
         def generated(ex: Example, extra) -> None:
             self._one(target, check, fn, ex, extra, state, needs_subject)
+
+        for ex, value in (explicit(target.contract, sizes) if explicit else ()):
+            generated = hypothesis.example(ex=ex, extra=value)(generated)
 
         try:
             generated()
@@ -438,7 +463,8 @@ class Runner:
 
     def _one(self, target: Target, check: str, fn, ex: Example, extra, state: Settled, needs_subject: bool) -> None:
         try:
-            reason = self.call(self.subject.supports, ex.case) if needs_subject else None
+            supports = getattr(self.subject, "supports", None)  # optional outside kernels
+            reason = self.call(supports, ex.case) if needs_subject and supports is not None else None
             if reason:
                 state.unsupported.add(reason)
                 if state.failure is None:

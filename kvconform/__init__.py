@@ -21,6 +21,7 @@ from harness import profiles
 
 profiles.register()  # before hypothesis' own plugin reads --hypothesis-profile at configure time
 SESSION = pytest.StashKey["object"]()  # harness.runner.Session of an active run
+NOT_APPLICABLE = pytest.StashKey[dict]()  # check -> what it needs, for checks the subject lacks a capability for
 OPTIONS = ("release", "subject", "max_examples", "results_dir", "contracts_dir", "known_findings", "regressions_dir",
            "workers_per_gpu")
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
@@ -244,6 +245,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     from harness import runner
 
+    needs = getattr(metafunc.module, "NEEDS", frozenset())  # what a check needs of the subject (harness.subjects)
+    if runner.missing(s, needs):  # not generated for this subject: no items, one not-applicable line per release
+        metafunc.config.stash.setdefault(NOT_APPLICABLE, {})[metafunc.module.CHECK] = needs
+        for name in ("target", "release_contracts", "dense_target", "regression"):
+            if name in metafunc.fixturenames:
+                metafunc.parametrize(name, [])
+        return
     if "target" in metafunc.fixturenames:
         targets = runner.targets(s)
         metafunc.parametrize("target", targets, ids=[f"{t.release.release}-{t.contract.name}" for t in targets])
@@ -258,14 +266,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                              ids=[f"{r.target.release.release}-{r.target.geometry}-{r.digest}" for r in stored])
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m: a check the run left out gets no not-applicable line either
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _session(config) is None:
+    s = _session(config)
+    if s is None:
         return
     from harness import runner
 
-    # A check with no stored regressions has nothing to replay: no item, rather than a placeholder skip.
-    empty = [i for i in items if "regression" in getattr(i, "fixturenames", ()) and
-             any("empty parameter set" in str(m.kwargs.get("reason", "")) for m in i.iter_markers("skip"))]
+    # A check with no stored regressions has nothing to replay, and a check the subject lacks a capability for
+    # does not apply: no item, rather than a placeholder skip.
+    na = config.stash.get(NOT_APPLICABLE, {})
+    empty = [i for i in items if getattr(getattr(i, "module", None), "CHECK", None) in na or (
+             "regression" in getattr(i, "fixturenames", ()) and
+             any("empty parameter set" in str(m.kwargs.get("reason", "")) for m in i.iter_markers("skip")))]
+    if WORKER in (None, "gw0") and not config.option.collectonly:  # one process records them
+        for check in dict.fromkeys(i.module.CHECK for i in empty if i.module.CHECK in na):
+            runner.record_not_applicable(s, check, na[check])
     if empty:
         config.hook.pytest_deselected(items=empty)
         items[:] = [i for i in items if i not in empty]

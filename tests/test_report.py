@@ -203,3 +203,17 @@ def test_release_spans_follow_the_report_order():
 
 def test_no_results_is_an_error(tmp_path):
     assert report.main([str(tmp_path)]) == 1
+
+
+def test_not_applicable_is_its_own_mark_never_a_pass_nor_a_finding(tmp_path):
+    root = tmp_path / "results"
+    add(root, "0.25.1", "blocks-first:B.KV.N.H.D", "bit-identical", check="split-agrees")
+    add(root, "0.25.1", "*", "not-applicable", check="bit-identity", diagnosis="declares split; needs forward")
+    add(root, "0.25.1", "blocks-first:B.KV.N.H.D", "unsupported", check="transfer", diagnosis="fp8 only")
+    data = fold(root)
+    assert data["verdict"].startswith("GREEN") and not data["new_findings"]
+    assert data["checks"]["builtin"]["0.25.1"]["bit-identity"] == {"not-applicable": 1}
+    assert report.mark("not-applicable") not in (report.PASS, report.UNSUPPORTED, report.SKIPPED)
+    row = matrix_rows(report.markdown(data))["0.25.1"]
+    assert row == ["✓1", "⊘1", "∅1"]  # split-agrees, transfer, bit-identity in the reader's order
+    assert "not-applicable" in report.html_page(data)

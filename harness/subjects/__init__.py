@@ -6,6 +6,15 @@ Both forwards take q [total_q, num_heads, D] and return the output in the same s
 from the case. Bit-identity between the two is only meaningful with a pinned tile config for both calls.
 A subject declares its sparsity semantics (`SparsitySemantics`) where subjects legitimately differ; the oracle
 (harness.reference) judges each subject by its own.
+
+Not every subject is a kernel. A subject declares what it can do in `capabilities` (`CAPABILITIES`):
+  split     it takes a layer's kv_cache apart into K and V views (every KV-cache consumer: an RL framework reading
+            the cache, a cache manager)
+  transfer  it extracts the K/V of some blocks through its own views and injects them into another cache of the same
+            contract (offloaders, connectors): `extract`, `inject`
+  forward   it runs attention over paged and dense K/V (kernels): `tile_config`, `paged_forward`, `dense_forward`
+A subject without the attribute is a kernel: split + forward. Each check declares what it needs (`NEEDS` in its
+module) and is generated only for subjects that have all of it; `supports` is optional outside kernels.
 """
 
 from __future__ import annotations
@@ -62,8 +71,16 @@ class SparsitySemantics:
             raise ValueError(f"unknown recent_window {self.recent_window!r}; known: {RECENT_WINDOWS}")
 
 
+SPLIT, TRANSFER, FORWARD = "split", "transfer", "forward"
+CAPABILITIES = (SPLIT, TRANSFER, FORWARD)
+DEFAULT_CAPABILITIES = frozenset({SPLIT, FORWARD})  # a subject that declares nothing: a kernel, as before
+METHODS = {SPLIT: ("split",), TRANSFER: ("extract", "inject"),
+           FORWARD: ("tile_config", "paged_forward", "dense_forward")}
+
+
 class Subject(Protocol):
     name: str
+    capabilities: frozenset[str]  # optional: DEFAULT_CAPABILITIES when absent
     sparsity_semantics: SparsitySemantics
 
     def supports(self, case: Case) -> str | None:
@@ -86,6 +103,15 @@ class Subject(Protocol):
     ) -> torch.Tensor:
         """The same attention over contiguous K/V token rows."""
 
+    def extract(self, kv_cache: torch.Tensor, contract: Contract, block_ids: torch.Tensor) -> object:
+        """(transfer) The K and V of blocks `block_ids` (int64, on kv_cache's device) of a layer's kv_cache laid out
+        per `contract`, read through the subject's own views, as a payload of the subject's choosing. The payload
+        must own its data: the blocks are reused (overwritten) as soon as extract returns."""
+
+    def inject(self, kv_cache: torch.Tensor, contract: Contract, block_ids: torch.Tensor, payload: object) -> None:
+        """(transfer) Write `payload` (extract's, same length) into blocks `block_ids` of another layer's kv_cache of
+        the same contract, in place, touching nothing else."""
+
 
 def check_paged_views(case: Case, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     """Raise ValueError unless K and V are canonical [num_blocks, block_size, kv_heads, head_dim] views for `case`."""
@@ -96,6 +122,23 @@ def check_paged_views(case: Case, k_cache: torch.Tensor, v_cache: torch.Tensor) 
                 f"{name} shape {tuple(t.shape)} strides {tuple(t.stride())} is not a [num_blocks, block_size, "
                 f"kv_heads, head_dim] view with [block_size, kv_heads, head_dim] = {list(want)}"
             )
+
+
+def capabilities_of(subject: object) -> frozenset[str]:
+    """What the subject declares it can do (DEFAULT_CAPABILITIES when it declares nothing). ValueError for an unknown
+    capability or a declared one whose methods the subject lacks."""
+    declared = getattr(subject, "capabilities", None)
+    caps = DEFAULT_CAPABILITIES if declared is None else frozenset(declared)
+    unknown = sorted(caps - set(CAPABILITIES))
+    if unknown or not caps:
+        raise ValueError(f"subject {getattr(subject, 'name', type(subject).__name__)!r}: capabilities "
+                         f"{sorted(caps)}: {'unknown ' + ', '.join(unknown) if unknown else 'none declared'}; "
+                         f"known: {', '.join(CAPABILITIES)}")
+    missing = [f"{c} needs {m}" for c in sorted(caps) for m in METHODS[c] if not callable(getattr(subject, m, None))]
+    if missing:
+        raise ValueError(f"subject {getattr(subject, 'name', type(subject).__name__)!r} declares "
+                         f"{', '.join(sorted(caps))} but lacks methods: {'; '.join(missing)}")
+    return caps
 
 
 def semantics_of(subject: Subject) -> SparsitySemantics:

@@ -1,6 +1,7 @@
 """Paged forward over the subject's own split of the release's kv_cache is bit-identical to its dense forward."""
 
 CHECK = "bit-identity"
+NEEDS = frozenset({"split", "forward"})  # the subject capabilities this check needs (harness.subjects)
 
 
 def check(run, ex, _):

@@ -1,6 +1,7 @@
 """The same inputs through the paged forward twice give the same bits."""
 
 CHECK = "determinism"
+NEEDS = frozenset({"split", "forward"})  # the subject capabilities this check needs (harness.subjects)
 
 
 def check(run, ex, _):

@@ -7,6 +7,7 @@ from harness.contract import ContractError
 from harness.results import Word
 
 CHECK = "rejects-malformed"
+NEEDS = frozenset({"split"})  # the subject capabilities this check needs (harness.subjects)
 # Each breaks the contract in a way that is visible without knowing the sizes (the Subject.split protocol gets the
 # cache and the contract only).
 MUTATIONS = ("extra-axis", "bad-kv-or-c-size", "strided-innermost", "ignored-physical-order", "swapped-n-h")

@@ -24,6 +24,7 @@ from harness.results import Word
 from harness.subjects import SparsitySemantics, TileConfig, semantics_of
 
 CHECK = "oracle"
+NEEDS = frozenset({"forward"})  # the subject capabilities this check needs (harness.subjects)
 
 
 @dataclass(frozen=True)

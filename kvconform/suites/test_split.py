@@ -5,6 +5,7 @@ a copy with equal values would still fail here, since it would hide a wrong layo
 from harness.results import Word
 
 CHECK = "split-agrees"
+NEEDS = frozenset({"split"})  # the subject capabilities this check needs (harness.subjects)
 
 
 def check(run, ex, _):

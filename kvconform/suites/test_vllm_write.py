@@ -13,6 +13,7 @@ from harness.cache import read
 from harness.results import Word
 
 CHECK = "vllm-write"
+NEEDS = frozenset()  # needs nothing of the subject: applies to every subject
 
 
 def _skip_reason():

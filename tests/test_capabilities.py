@@ -1,0 +1,128 @@
+"""Subjects declare capabilities (split, transfer, forward) and checks declare what they need (`NEEDS`): a KV-cache
+consumer that runs no attention gets the checks it can take and, for each other check, one not-applicable line per
+release (never a pass, never a finding) and no pytest item."""
+
+import json
+import re
+
+import pytest
+
+from harness import report, results, runner
+from harness.subjects import DEFAULT_CAPABILITIES, capabilities_of
+
+pytest_plugins = ["pytester"]
+
+CONSUMER = '''
+"""A host project's KV-cache consumer (an RL framework reading the cache): a split, no attention, no supports."""
+
+
+class Correct:
+    name = "consumer-correct"
+    capabilities = frozenset({"split"})
+
+    def split(self, kv_cache, contract):
+        return contract.split(kv_cache)
+
+
+class Unbinds(Correct):
+    """K and V are kv_cache.unbind(0)[:2], whatever the release (right on kv-first only)."""
+
+    name = "consumer-unbinds"
+
+    def split(self, kv_cache, contract):
+        contract.split(kv_cache)  # the same shape checks as Correct: a malformed cache is refused alike
+        k, v, *_ = kv_cache.unbind(0)
+        return k, v
+'''
+FAMILIES = ("0.22.1", "0.25.1", "0.33.0")  # kv-first, blocks-first, packed
+FORWARD_CHECKS = {"bit-identity", "determinism", "oracle"}
+
+
+@pytest.fixture
+def host(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(consumer=CONSUMER)
+    return pytester
+
+
+def _suites(host, subject, *args):
+    return host.runpytest_subprocess("--pyargs", "kvconform.suites", "-p", "no:cacheprovider", "-q", "-rA",
+                                     f"--kvconform-subject=consumer:{subject}",
+                                     *[f"--kvconform-release={r}" for r in FAMILIES],
+                                     "--hypothesis-profile=kvconform-ci", "--kvconform-max-examples=1", *args)
+
+
+def _outcomes(out: str) -> dict[str, str]:
+    return {item: word for word, item in re.findall(r"^(PASSED|FAILED|SKIPPED|XFAIL|ERROR) \S*::(\S+)", out, re.M)}
+
+
+def _rows(root):
+    return [json.loads(line) for f in root.glob("*/results.jsonl") for line in f.read_text().splitlines()]
+
+
+def test_a_correct_consumer_is_green_and_gets_no_forward_check(host):
+    done = _suites(host, "Correct", "-k", "split or malformed or bit_identity or determinism or oracle or transfer")
+    out = done.stdout.str()
+    assert done.ret == 0, out[-3000:]
+    got = _outcomes(out)
+    assert got and set(got.values()) == {"PASSED"}, got
+    assert {i.split("[")[0] for i in got} == {"test_split_agrees", "test_rejects_malformed"}, got
+    assert {r for i in got for r in FAMILIES if f"[{r}-" in i} == set(FAMILIES)
+    assert "deselected" in out.splitlines()[-1]  # the forward and transfer checks: no items at all
+    rows = _rows(host.path / "results")
+    na = [r for r in rows if r["outcome"] == "not-applicable"]
+    assert sorted((r["release"], r["check"]) for r in na) == sorted(
+        (rel, c) for rel in FAMILIES for c in FORWARD_CHECKS | {"transfer"})  # one line per release and check
+    assert all(r["geometry"] == "*" and "declares split" in r["diagnosis"] for r in na)
+    assert {r["outcome"] for r in rows if r["check"] in FORWARD_CHECKS} == {"not-applicable"}
+    data = report.fold(results.read(host.path / "results"))
+    assert data["verdict"].startswith("GREEN") and not data["new_findings"]
+    assert "∅" in report.markdown(data) and report.mark("not-applicable") is not report.mark("unsupported")
+
+
+def test_a_consumer_that_unbinds_axis_0_is_red_with_repro_lines_on_blocks_first_and_packed(host):
+    done = _suites(host, "Unbinds", "-k", "split")
+    out = done.stdout.str()
+    assert done.ret == 1, out[-3000:]
+    got = _outcomes(out)
+    failed = {i for i, w in got.items() if w == "FAILED"}
+    assert failed == {i for i in got if "[0.25.1-" in i or "[0.33.0-" in i} and len(failed) == 4 + 9, got
+    assert all(w == "PASSED" for i, w in got.items() if "[0.22.1-" in i), got
+    repros = re.findall(r"REPRO split-agrees release=(\S+) \(replay\) geometry=(\S+)", out)
+    assert {r for r, _ in repros} == {"0.25.1", "0.33.0"}, out[-3000:]
+    assert "harness-error" not in out  # what it raises (a 1-block cache has no [1] to unbind) is its own outcome
+
+
+def test_a_subject_without_capabilities_is_a_kernel_as_before():
+    class Kernel:
+        name = "k"
+
+        def split(self): ...
+        def tile_config(self): ...
+        def paged_forward(self): ...
+        def dense_forward(self): ...
+
+    assert capabilities_of(Kernel()) == DEFAULT_CAPABILITIES == {"split", "forward"}
+
+
+@pytest.mark.parametrize("caps, says", [
+    ({"split", "attention"}, "unknown attention"),
+    (set(), "none declared"),
+    ({"split", "transfer"}, "transfer needs extract; transfer needs inject"),
+])
+def test_a_bad_capability_declaration_is_a_usage_error(caps, says):
+    subject = type("S", (), {"name": "s", "capabilities": frozenset(caps), "split": lambda self, *a: None})()
+    with pytest.raises(ValueError, match=says):
+        capabilities_of(subject)
+
+
+def test_checks_declare_what_they_need():
+    from kvconform.suites import (test_bit_identity, test_contracts, test_determinism, test_malformed, test_oracle,
+                                  test_split, test_transfer, test_vllm_write)
+
+    needs = {m.CHECK: m.NEEDS for m in (test_bit_identity, test_contracts, test_determinism, test_malformed,
+                                         test_oracle, test_split, test_transfer, test_vllm_write)}
+    consumer = runner.Session("c", None, [], (), None, None, "w", "", "cpu", capabilities=frozenset({"split"}))
+    applies = {c for c, n in needs.items() if not runner.missing(consumer, n)}
+    assert applies == {"contracts", "vllm-write", "split-agrees", "rejects-malformed"}
+    kernel = runner.Session("k", None, [], (), None, None, "w", "", "cpu")
+    assert {c for c, n in needs.items() if runner.missing(kernel, n)} == {"transfer"}
