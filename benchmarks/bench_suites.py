@@ -57,8 +57,7 @@ def run(name: str, gpus: str, cpus: int, cache: Path, releases: list[str], out: 
     done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     tail = done.stdout.strip().splitlines()[-1:] or [""]
     # A run ended by the timeout never merged its workers' files: count what they hold.
-    rows = results.read(out) or [results.Result(**json.loads(line)) for f in sorted(out.glob("*/results.*.jsonl"))
-                                 for line in f.read_text().splitlines() if line.strip()]
+    rows = results.read(out) or results.read(out, files="results.*.jsonl")
     kernel = [r for r in rows if r.check in KERNEL_CHECKS and r.outcome in RAN]
     cheap = [r for r in rows if r.check not in KERNEL_CHECKS and r.case]
     info = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.contract import Contract, Dims
+
 PAGE_ORDERS = ("shuffled", "reversed", "sequential")
 
 
@@ -58,6 +60,14 @@ def write(k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging, k: torch
     page, offset = _slots(paging, k_cache.device)
     k_cache[page, offset] = k
     v_cache[page, offset] = v
+
+
+def filled(contract: Contract, dims: Dims, paging: Paging, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A layer's kv_cache in `contract`'s geometry holding k, v [total_kv, H, D] where the contract puts them (what
+    vLLM's cache write does); every other element poisoned."""
+    kv_cache = contract.allocate(dims, k.dtype, k.device)
+    write(*contract.split(kv_cache, dims), paging, k, v)
+    return kv_cache
 
 
 def read(k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging) -> tuple[torch.Tensor, torch.Tensor]:

@@ -125,7 +125,7 @@ def warm(subject: str, case_shards: list[list[Case]], contract: Contract, device
 def _warm_shard(job: tuple[str, list[Case], Contract, str]) -> tuple[Counts, list[str]]:
     import torch
 
-    from harness.cache import paging, write
+    from harness.cache import filled, paging
     from harness.contract import Dims
     from harness.subjects import load_subject
 
@@ -142,9 +142,8 @@ def _warm_shard(job: tuple[str, list[Case], Contract, str]) -> tuple[Counts, lis
             tile = subject.tile_config(case)
             subject.dense_forward(case, q, k, v, tile)
             dims = Dims(case.blocks_needed(), case.block_size, case.kv_heads, case.head_dim)
-            kv_cache = contract.allocate(dims, case.torch_dtype, device)
             pages = paging(case.kv_lens, case.block_size, dims.num_blocks, "sequential").to(device)
-            write(*contract.split(kv_cache, dims), pages, k, v)
+            kv_cache = filled(contract, dims, pages, k, v)
             keys, values = subject.split(kv_cache, contract)
             subject.paged_forward(case, q, keys, values, pages, tile)
             if device.startswith("cuda"):

@@ -112,10 +112,11 @@ def merge(root: Path, release: str, run: str = "") -> Path:
     return out
 
 
-def read(root: Path) -> list[Result]:
-    """Every merged result under `root` (one results.jsonl per release)."""
+def read(root: Path, release: str = "*", files: str = "results.jsonl") -> list[Result]:
+    """Every merged result under `root` (one results.jsonl per release), or of one release; `files` another name
+    pattern (results.*.jsonl: the per-process files of a run not merged yet)."""
     out = []
-    for path in sorted(Path(root).glob("*/results.jsonl")):
+    for path in sorted(Path(root).glob(f"{release}/{files}")):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if line.strip():
                 try:

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness import compiles, devices, findings, fixtures, results
-from harness.cache import Paging, read, write
+from harness.cache import Paging, filled, read
 from harness.cases import SPARSITY_MODES
 from harness.compare import bits, diagnose
 from harness.contract import Contract, ContractError
@@ -106,6 +106,7 @@ class Session:
     """What every check of one process shares."""
 
     subject_name: str
+    subject_spec: str  # how it was named (load_subject): warm-up processes load it again by this
     subject: object
     releases: list[ReleaseContracts]
     findings: tuple[findings.Finding, ...]
@@ -122,13 +123,13 @@ class Session:
     def sizes(self) -> Sizes:
         return sizes_for(self.device)
 
-    def warm(self, subject_spec: str, gpus: list[str], processes: int) -> compiles.Warmup | None:
+    def warm(self, gpus: list[str], processes: int) -> compiles.Warmup | None:
         """Compile every kernel variant this session's examples can draw, before the first (see harness.compiles)."""
         contract = next((c for r in self.releases for c in r.contracts), None)
         if contract is None or FORWARD not in self.capabilities:  # a consumer launches no kernel
             return None
         shards = warmup_shards(self.sizes)
-        self.warmup = compiles.warm(subject_spec, shards, contract, gpus, processes,
+        self.warmup = compiles.warm(self.subject_spec, shards, contract, gpus, processes,
                                     compiles.fingerprint(self.subject, shards, gpus))
         return self.warmup
 
@@ -151,14 +152,12 @@ class Session:
         """Merge this run's per-process result files per release, then mark known findings that did not happen."""
         for r in self.releases:
             if results.release_dir(self.results_dir, r.release).is_dir():
-                path = results.merge(self.results_dir, r.release, run + "-")
-                if path.exists():
-                    self._mark_stale(r, path)
+                if results.merge(self.results_dir, r.release, run + "-").exists():
+                    self._mark_stale(r)
 
-    def _mark_stale(self, r: ReleaseContracts, path: Path) -> None:
+    def _mark_stale(self, r: ReleaseContracts) -> None:
         # Done on merged results: with xdist a finding may apply on one worker and happen on another.
-        rows = [x for x in results.read(path.parent.parent)
-                if x.release == r.release and x.subject == self.subject_name]
+        rows = [x for x in results.read(self.results_dir, r.release) if x.subject == self.subject_name]
         happened = {x.known for x in rows if x.known}
         for f in self.findings:
             applied = any(f.applies(x.release, x.geometry, x.sparsity, x.check) and x.outcome != Word.UNSUPPORTED
@@ -180,7 +179,7 @@ class Session:
             path = results.release_dir(self.results_dir, r.release) / "results.jsonl"
             if not path.exists():
                 continue
-            rows = [x for x in results.read(path.parent.parent) if x.release == r.release]
+            rows = results.read(self.results_dir, r.release)
             counts: dict[str, int] = {}
             for x in rows:
                 counts[x.outcome] = counts.get(x.outcome, 0) + 1
@@ -197,7 +196,7 @@ def start(subject_spec: str, asked: list[str], contracts_dir: Path, results_dir:
     subject = load_subject(subject_spec)
     caps = capabilities_of(subject)
     known = findings.load(subject.name, known_findings_dir)
-    return Session(subject.name, subject, [load_release(r, contracts_dir) for r in names], known, results_dir,
+    return Session(subject.name, subject_spec, subject, [load_release(r, contracts_dir) for r in names], known, results_dir,
                    regressions_dir, worker, args, device, capabilities=caps)
 
 
@@ -367,11 +366,8 @@ class Runner:
     def prepare(self, ex: Example) -> Prepared:
         """Tokens written where the release's contract says (what vLLM's cache write does), pages poisoned."""
         q, k, v = ex.case.inputs(self.device)
-        kv_cache = ex.contract.allocate(ex.dims, ex.case.torch_dtype, self.device)
-        keys, values = ex.contract.split(kv_cache, ex.dims)
         pages = ex.paging().to(self.device)
-        write(keys, values, pages, k, v)
-        return Prepared(q, k, v, kv_cache, pages)
+        return Prepared(q, k, v, filled(ex.contract, ex.dims, pages, k, v), pages)
 
     @staticmethod
     def outcome(word: Word | str, diagnosis: str = "") -> Outcome:

@@ -188,8 +188,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     from harness import devices
 
-    spec = config.getoption("kvconform_subject") or os.environ.get("KVCONFORM_SUBJECT", "builtin")
-    warm = s.warm(spec, [f"cuda:{i}" for i in range(devices.gpus())], len(os.sched_getaffinity(0)))
+    warm = s.warm([f"cuda:{i}" for i in range(devices.gpus())], len(os.sched_getaffinity(0)))
     if warm:
         config.get_terminal_writer().line(f"kvconform {warm.describe()}")
 

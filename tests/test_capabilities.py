@@ -121,8 +121,8 @@ def test_checks_declare_what_they_need():
 
     needs = {m.CHECK: m.NEEDS for m in (test_bit_identity, test_contracts, test_determinism, test_malformed,
                                          test_oracle, test_split, test_transfer, test_vllm_write)}
-    consumer = runner.Session("c", None, [], (), None, None, "w", "", "cpu", capabilities=frozenset({"split"}))
+    consumer = runner.Session("c", "c", None, [], (), None, None, "w", "", "cpu", capabilities=frozenset({"split"}))
     applies = {c for c, n in needs.items() if not runner.missing(consumer, n)}
     assert applies == {"contracts", "vllm-write", "split-agrees", "rejects-malformed"}
-    kernel = runner.Session("k", None, [], (), None, None, "w", "", "cpu")
+    kernel = runner.Session("k", "k", None, [], (), None, None, "w", "", "cpu")
     assert {c for c, n in needs.items() if runner.missing(kernel, n)} == {"transfer"}

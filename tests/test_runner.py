@@ -1,6 +1,5 @@
 """The library runner without pytest: a session, one check over examples of one target, and what it records."""
 
-import json
 import os
 
 import pytest
@@ -37,10 +36,9 @@ def test_a_check_over_a_target_records_one_result_per_example(session):
 
     settled = _run(session, agrees)
     assert settled.ran == 3 * runner.CHEAP_FACTOR and not settled.known and settled.failure is None
-    rows = [json.loads(line) for f in (session.results_dir / "0.25.1").glob("results.*.jsonl")
-            for line in f.read_text().splitlines()]
-    assert len(rows) == settled.ran and {r["outcome"] for r in rows} == {"bit-identical"}
-    assert {r["geometry"] for r in rows} == {runner.targets(session)[0].geometry}
+    rows = results.read(session.results_dir, "0.25.1", "results.*.jsonl")
+    assert len(rows) == settled.ran and {r.outcome for r in rows} == {"bit-identical"}
+    assert {r.geometry for r in rows} == {runner.targets(session)[0].geometry}
 
 
 def test_a_new_finding_raises_with_one_repro_line_and_keeps_the_shrunk_example(session):
@@ -69,9 +67,7 @@ def test_a_bug_in_a_check_is_a_harness_error(session):
 
     with pytest.raises(KeyError):
         _run(session, buggy)
-    rows = results.read(session.results_dir) or [
-        results.Result(**json.loads(line)) for f in (session.results_dir / "0.25.1").glob("results.*.jsonl")
-        for line in f.read_text().splitlines()]
+    rows = results.read(session.results_dir, files="results.*.jsonl")
     assert [r.outcome for r in rows][-1] == "harness-error"
 
 
