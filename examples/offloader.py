@@ -1,7 +1,7 @@
 """Two small KV-cache offloaders as kvconform subjects: consumers that never run attention, only move blocks.
 
-`Offloader` finds K, V and the block axis from the release's contract (its logical axes), as a consumer that asks
-vLLM's attention backend would. `ShapeSniffingOffloader` guesses the layout from the tensor instead: 4 axes is the
+`Offloader` takes K and V (blocks first) from the release's contract, as a consumer that asks vLLM's attention
+backend would. `ShapeSniffingOffloader` guesses the layout from the tensor instead: 4 axes is the
 packed layout, and a first axis of size 2 is taken for the K/V axis of the kv-first layout. On the blocks-first
 layout [num_blocks, 2, ...] with exactly 2 blocks that guess is wrong, and its transfers swap K and V across blocks.
 
@@ -28,26 +28,21 @@ def _k_v(kv_cache: torch.Tensor, family: str) -> tuple[torch.Tensor, torch.Tenso
 
 
 class Offloader:
-    """Moves blocks to host memory and back through views chosen by the release's contract."""
+    """Moves blocks to host memory and back through the canonical K and V views the release's contract gives (every
+    backend's and cache dtype's: a byte cache moves as bytes)."""
 
     name = "example-offloader"
     capabilities = frozenset({"split", "transfer"})
 
-    def family(self, kv_cache: torch.Tensor, contract) -> str:
-        contract.validate(kv_cache)  # a malformed cache is refused with a ContractError naming shape and contract
-        return contract.family
-
     def split(self, kv_cache, contract):
-        family = self.family(kv_cache, contract)
-        k, v = _k_v(kv_cache, family)
-        return (k.transpose(1, 2), v.transpose(1, 2)) if family == "packed" else (k, v)
+        return contract.split(kv_cache)  # a malformed cache is refused with a ContractError naming shape and contract
 
     def extract(self, kv_cache, contract, block_ids):
-        k, v = _k_v(kv_cache, self.family(kv_cache, contract))
+        k, v = self.split(kv_cache, contract)
         return torch.stack([k[block_ids], v[block_ids]]).to("cpu")  # a copy: the blocks are reused after this
 
     def inject(self, kv_cache, contract, block_ids, payload):
-        k, v = _k_v(kv_cache, self.family(kv_cache, contract))
+        k, v = self.split(kv_cache, contract)
         k[block_ids] = payload[0].to(kv_cache.device)
         v[block_ids] = payload[1].to(kv_cache.device)
 
@@ -57,8 +52,8 @@ class ShapeSniffingOffloader(Offloader):
 
     name = "example-shape-sniffing-offloader"
 
-    def family(self, kv_cache, contract):
+    def split(self, kv_cache, contract):
         contract.validate(kv_cache)
-        if kv_cache.dim() == 4:
-            return "packed"
-        return "kv-first" if kv_cache.shape[0] == 2 else "blocks-first"
+        family = "packed" if kv_cache.dim() == 4 else "kv-first" if kv_cache.shape[0] == 2 else "blocks-first"
+        k, v = _k_v(kv_cache, family)
+        return (k.transpose(1, 2), v.transpose(1, 2)) if family == "packed" else (k, v)

@@ -64,9 +64,10 @@ def write(k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging, k: torch
 
 def filled(contract: Contract, dims: Dims, paging: Paging, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """A layer's kv_cache in `contract`'s geometry holding k, v [total_kv, H, D] where the contract puts them (what
-    vLLM's cache write does); every other element poisoned."""
+    vLLM's cache write does), stored as its cache dtype stores them (`Contract.stored`); every other element
+    poisoned."""
     kv_cache = contract.allocate(dims, k.dtype, k.device)
-    write(*contract.split(kv_cache, dims), paging, k, v)
+    write(*contract.split(kv_cache, dims), paging, contract.stored(k), contract.stored(v))
     return kv_cache
 
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import torch
 
 _INT_OF = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
-           torch.float64: torch.int64}
+           torch.float64: torch.int64, torch.float8_e4m3fn: torch.int8, torch.float8_e5m2: torch.int8,
+           torch.uint8: torch.int8}  # the byte types: fp8 and NVFP4 caches
 
 
 @dataclass(frozen=True)

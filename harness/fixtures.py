@@ -3,7 +3,10 @@
 A recording keeps the symbolic contracts (what conformance replays without vLLM) and the probe's raw
 observations (the shapes, stride orders and write landings that the contracts were read from), for audit.
 
-`python -m harness.fixtures table` prints the contract table across releases (markdown).
+`python -m harness.fixtures table` prints the contract table across releases, backends and cache dtypes (markdown);
+`python -m harness.fixtures matrix` the same folded to release ranges x (backend, cache dtype).
+Recordings made before backends and cache dtypes were probed read as FLASH_ATTN model-dtype contracts (a contract
+without `cache_dtype` / `diff_kv` fields is `auto` / equal head dims), so they replay unchanged.
 `python -m harness.fixtures main-from 0.33.0` records `main` as a labelled copy of that release's probe: the
 nightly index cannot be reached where the fixtures are recorded, so main's recording is the newest release's,
 and the nightly lane's live probe + drift check is what tells whether main moved on.
@@ -18,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from harness.contract import Contract, ContractError
+from harness.contract import CACHE_DTYPES, Contract, ContractError
 
 ROOT = Path(str(resources.files("harness") / "recorded" / "contracts"))  # shipped as package data
 
@@ -34,18 +37,14 @@ class Recording:
     def to_json(self) -> dict[str, Any]:
         return {
             "release": self.release,
-            "contracts": [
-                {"logical": list(c.logical), "physical": list(c.physical), "origin": str(c.origin)} for c in self.contracts
-            ],
+            "contracts": [c.to_json() for c in self.contracts],
             "observations": self.observations,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Recording:
         try:
-            contracts = tuple(
-                Contract(tuple(c["logical"]), tuple(c["physical"]), c.get("origin", "")) for c in data["contracts"]
-            )
+            contracts = tuple(Contract.from_json(c) for c in data["contracts"])
             return cls(data["release"], contracts, data.get("observations", {}))
         except KeyError as e:
             raise ContractError(f"recording lacks field {e}: {sorted(data)}") from None
@@ -104,7 +103,8 @@ def drift(recorded: Recording, live: Recording) -> list[str]:
 def _setting(c: Contract) -> str:
     # Backend and setting without the release, so that a nightly build compares cleanly with the release it is
     # checked against.
-    return " ".join(p for p in (c.origin.backend, c.origin.setting) if p)
+    dtype = "" if c.cache_dtype == "auto" else c.cache_dtype
+    return " ".join(p for p in (c.origin.backend, dtype, c.origin.setting) if p)
 
 
 def _contract_diff(a: Contract, b: Contract) -> list[str]:
@@ -123,32 +123,79 @@ def _contract_diff(a: Contract, b: Contract) -> list[str]:
     return out
 
 
+def _keyed(rec: Recording) -> dict[tuple[str, str], list[Contract]]:
+    """A recording's contracts by (backend, cache dtype), in probe order."""
+    out: dict[tuple[str, str], list[Contract]] = {}
+    for c in rec.contracts:
+        out.setdefault((c.origin.backend_name, c.cache_dtype), []).append(c)
+    return out
+
+
+def _observed(rec: Recording, backend: str, cache_dtype: str) -> str:
+    """How the backend's own write path was seen to agree with these contracts (or why not)."""
+    if backend == "FLASH_ATTN" and cache_dtype == "auto":
+        return f"{rec.observations.get('method', '?')}"
+    b = rec.observations.get("backends", {}).get(backend, {})  # keyed by kvconform's names, suffix-free
+    writes = [o.get("write") for k, o in b.get("settings", {}).items() if k.split(" ")[0] == cache_dtype]
+    seen = {w["path"] for w in writes if isinstance(w, dict)}
+    why = sorted({w.split(": ", 1)[-1] for w in writes if isinstance(w, str)})
+    text = f"write views checked ({', '.join(sorted(seen))})" if seen else f"write not observed: {'; '.join(why)}"
+    stubbed = " [GPU library stubbed]" if b.get("gpu_library_stubbed") else ""
+    return text + stubbed
+
+
 def table(root: Path = ROOT) -> str:
-    """Markdown table of every recorded release's contracts; the last column marks where the contracts changed."""
+    """Markdown table of every recorded release's contracts per attention backend and cache dtype; the last column
+    marks where a backend's contracts changed from the previous release."""
     rows = [
-        "| release | family | logical shape | physical orders | split rule | observed by | vs previous |",
-        "|---|---|---|---|---|---|---|",
+        "| release | backend | cache dtype | family | logical shape | physical orders | split rule | observed | vs previous |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    previous: frozenset[Contract] | None = None
+    previous: dict[tuple[str, str], frozenset[Contract]] = {}
     for release in releases(root):
         rec = load(release, root)
-        by_logical: dict[tuple[str, ...], list[Contract]] = {}
-        for c in rec.contracts:
-            by_logical.setdefault(c.logical, []).append(c)
-        how = rec.observations.get("method", "?")
-        if rec.observations.get("copied_from"):
-            how = f"copy of the {rec.observations['copied_from']} probe ({how})"
-        current = frozenset(rec.contracts)
-        change = "" if previous is None else "same" if current == previous else "**changed**"
-        previous = current
-        for logical, cs in by_logical.items():
-            orders = "<br>".join(f"{'.'.join(c.physical)} ({_setting(c)})" for c in cs)
-            rows.append(
-                f"| {release} | {cs[0].family} | ({','.join(logical)}) | {orders} | {cs[0].split_rule} | {how} "
-                f"| {change} |"
-            )
-            change = ""
+        for (backend, dtype), cs in _keyed(rec).items():
+            current = frozenset(cs)
+            before = previous.get((backend, dtype))
+            change = "new" if before is None else "same" if current == before else "**changed**"
+            previous[(backend, dtype)] = current
+            for family in dict.fromkeys(c.family for c in cs):
+                fc = [c for c in cs if c.family == family]
+                orders = " ".join(".".join(c.physical) for c in fc)
+                rows.append(f"| {release} | {backend} | {dtype} | {family}{' (diff-KV)' if fc[0].diff_kv else ''} "
+                            f"| ({','.join(fc[0].logical)}) | {orders} | {fc[0].split_rule} | "
+                            f"{_observed(rec, backend, dtype)} | {change} |")
+                change = ""
     return "\n".join(rows)
+
+
+def matrix(root: Path = ROOT) -> str:
+    """Markdown: release ranges x (backend, cache dtype), each cell the family and how many geometries; consecutive
+    releases with the same cells share a row, so every row boundary is a contract change."""
+    cells: list[tuple[str, dict[tuple[str, str], str]]] = []
+    for release in releases(root):
+        rec = load(release, root)
+        row = {}
+        for key, cs in _keyed(rec).items():
+            fams = dict.fromkeys(c.family + ("+diff-KV" if c.diff_kv else "") for c in cs)
+            row[key] = " ".join(f"{f} ×{sum(1 for c in cs if c.family == f.split('+')[0])}" for f in fams)
+        cells.append((release, row))
+    seen = list(dict.fromkeys(k for _, row in cells for k in row))
+    backends = list(dict.fromkeys(b for b, _ in seen))
+    dtypes = list(CACHE_DTYPES)
+    columns = sorted(seen, key=lambda k: (backends.index(k[0]), dtypes.index(k[1])))
+    head = "| releases | " + " | ".join(f"{b}<br>{d}" for b, d in columns) + " |"
+    out = [head, "|---" * (len(columns) + 1) + "|"]
+    spans: list[list] = []
+    for release, row in cells:
+        if spans and spans[-1][2] == row:
+            spans[-1][1] = release
+        else:
+            spans.append([release, release, row])
+    for first, last, row in spans:
+        name = first if first == last else f"{first} – {last}"
+        out.append(f"| {name} | " + " | ".join(row.get(k, "—") for k in columns) + " |")
+    return "\n".join(out)
 
 
 def main_from(release: str, root: Path = ROOT) -> Recording:
@@ -165,10 +212,13 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["table"]:
         print(table())
         return 0
+    if argv[:1] == ["matrix"]:
+        print(matrix())
+        return 0
     if argv[:1] == ["main-from"] and len(argv) == 2:
         print(f"recorded main as a copy of {main_from(argv[1]).observations['copied_from']}")
         return 0
-    print("usage: python -m harness.fixtures table | main-from RELEASE", file=sys.stderr)
+    print("usage: python -m harness.fixtures table | matrix | main-from RELEASE", file=sys.stderr)
     return 2
 
 

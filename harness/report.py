@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import fixtures
+from harness.contract import ContractError
 from harness.results import PASSING, STALE, Result, read
 
 # Worst first: what a reader must see before anything else in a cell.
@@ -159,9 +161,12 @@ def fold(rows: list[Result]) -> dict:
     matrix: dict[str, dict[str, dict[str, Counter]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
     checks: dict[str, dict[str, dict[str, Counter]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
     sources: dict[str, set[str]] = defaultdict(set)
+    dtypes: dict[str, dict[str, dict[str, Counter]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
     for r in rows:
         matrix[r.subject][r.release][r.geometry][_word(r)] += 1
         checks[r.subject][r.release][r.check][_word(r)] += 1
+        if ":" in r.geometry:
+            dtypes[r.subject][r.release][_dtype(r.geometry)][_word(r)] += 1
         sources[r.release].add(r.source)
     new = [r for r in rows
            if r.outcome not in PASSING + ("unsupported", "skipped", "not-run", "not-applicable", STALE)
@@ -186,6 +191,8 @@ def fold(rows: list[Result]) -> dict:
                              key=lambda g: (":" not in g, first[_family(g)], first[g], g)),
         "matrix": ordered(matrix),
         "checks": ordered(checks),
+        "cache_dtypes": ordered(dtypes),
+        "backends": _backends(releases, {r.geometry for r in rows}),
         "new_findings": [r.__dict__ for r in new],
         "known_findings": [dict(zip(("id", "release", "geometry", "check", "outcome"), k), count=n)
                            for k, n in sorted(known.items())],
@@ -196,8 +203,31 @@ def fold(rows: list[Result]) -> dict:
     return data
 
 
+def _dtype(geometry: str) -> str:
+    """`fp8_e4m3` of `packed:B.H.N.C@fp8_e4m3`, `auto` of a model-dtype geometry."""
+    return geometry.split("@")[1] if "@" in geometry else "auto"
+
+
+def _backends(releases: list[str], geometries: set[str]) -> dict[str, list[str]]:
+    """Per checked geometry, the attention backends whose recorded contracts hand a layer that geometry (with the
+    releases they do it in); a release without a shipped recording adds nothing."""
+    seen: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for release in releases:
+        try:
+            rec = fixtures.load(release)
+        except ContractError:
+            continue
+        for c in rec.contracts:
+            if c.name in geometries and release not in seen[c.name][c.origin.backend_name]:
+                seen[c.name][c.origin.backend_name].append(release)
+    return {g: [f"{b} ({span(rs, releases)})" for b, rs in by.items()] for g, by in seen.items()}
+
+
 def _family(geometry: str) -> str:
-    """`kv-first` of `kv-first:KV.B.N.H.D`; a pseudo geometry (`dense`, `*`) is its own family."""
+    """`kv-first` of `kv-first:KV.B.N.H.D`, `packed@fp8_e4m3` of `packed:B.H.N.C@fp8_e4m3`; a pseudo geometry (`dense`,
+    `*`) is its own family."""
+    if "@" in geometry:
+        return geometry.split(":")[0] + "@" + _dtype(geometry)
     return geometry.split(":")[0]
 
 
@@ -291,6 +321,24 @@ def _md_group(g: Group, releases: list[str]) -> list[str]:
     return lines
 
 
+def _dtype_columns(data: dict, subject: str) -> list[str]:
+    seen = {d for ds in data["cache_dtypes"].get(subject, {}).values() for d in ds}
+    return sorted(seen, key=lambda d: (d != "auto", d)) if len(seen) > 1 else []
+
+
+def _md_dtypes(data: dict, subject: str) -> list[str]:
+    columns = _dtype_columns(data, subject)
+    if not columns:
+        return []
+    out = ["", f"#### {subject}: release × cache dtype", "", "| release | " + " | ".join(columns) + " |",
+           "|---|" + "---|" * len(columns)]
+    for release in data["releases"]:
+        ds = data["cache_dtypes"][subject].get(release, {})
+        out.append(f"| {release} | " + " | ".join(_md_mark(*c) if (c := cell(ds.get(d, {}))) else "·"
+                                                 for d in columns) + " |")
+    return out
+
+
 def markdown(data: dict) -> str:
     releases, kinds = data["releases"], groups(data)
     lines = ["# kvconform conformance report", "", f"**{data['verdict']}**", ""]
@@ -313,12 +361,15 @@ def markdown(data: dict) -> str:
             cs = data["checks"][subject].get(release, {})
             row = [_md_mark(*c) if (c := cell(cs.get(check, {}))) else "·" for check in columns]
             lines.append(f"| {release} | {_source(data, release)} | " + " | ".join(row) + " |")
+        lines += _md_dtypes(data, subject)
     lines += ["", "## Known findings (green, reported)", ""]
     lines += [f"- {i}: {c} {o} on {rs}, x{n:,}" for i, c, o, rs, n in _known(data)] or ["none"]
     lines += ["", "## Stale known findings (applied, did not happen: remove or narrow them)", ""]
     lines += [f"- {i}: {c} on {rs}" for i, c, rs in _stale(data)] or ["none"]
     lines += ["", "## Unsupported (the subject's reasons)", ""]
     lines += [f"- {u['subject']}: {u['reason']} x{u['count']:,}" for u in data["unsupported"]] or ["none"]
+    lines += ["", "## Which backends hand each geometry (from the recordings)", ""]
+    lines += [f"- {g}: {', '.join(bs)}" for g, bs in data["backends"].items()] or ["none recorded"]
     lines += ["", "## Details"]
     if len(kinds) > FIRST_GROUPS:
         lines += ["", "### More new findings", ""]
@@ -421,6 +472,15 @@ def html_page(data: dict) -> str:
             out.append(f'<tr><td class="rel">{_h(release)}</td><td class="src">{_h(_source(data, release))}</td>'
                        + "".join(tds) + "</tr>")
         out.append("</table>")
+        if columns := _dtype_columns(data, subject):
+            out.append(f"<h3>{_h(subject)}: release × cache dtype</h3><table><tr><th>release</th>"
+                       + "".join(f"<th>{_h(d)}</th>" for d in columns) + "</tr>")
+            for release in releases:
+                ds = data["cache_dtypes"][subject].get(release, {})
+                out.append(f'<tr><td class="rel">{_h(release)}</td>' + "".join(
+                    _html_mark(*c, tag="td", title=_words("", ds[d])) if (c := cell(ds.get(d, {})))
+                    else '<td class="none">·</td>' for d in columns) + "</tr>")
+            out.append("</table>")
     out.append("<h2>Known findings (green, reported)</h2><ul>" + ("".join(
         f"<li>{_h(i)}: {_h(c)} {_h(o)} on {_h(rs)}, x{n:,}</li>" for i, c, o, rs, n in _known(data)) or "<li>none</li>")
         + "</ul>")
@@ -429,6 +489,9 @@ def html_page(data: dict) -> str:
     out.append("<h2>Unsupported (the subject's reasons)</h2><ul>" + ("".join(
         f"<li>{_h(u['subject'])}: {_h(u['reason'])} x{u['count']:,}</li>" for u in data["unsupported"])
         or "<li>none</li>") + "</ul>")
+    out.append("<h2>Which backends hand each geometry (from the recordings)</h2><ul>" + ("".join(
+        f"<li>{_h(g)}: {_h(', '.join(bs))}</li>" for g, bs in data["backends"].items()) or "<li>none recorded</li>")
+        + "</ul>")
     out.append("<h2>Details</h2>")
     if len(kinds) > FIRST_GROUPS:
         out.append("<h3>More new findings</h3>")

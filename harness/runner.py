@@ -25,7 +25,7 @@ from harness import compiles, devices, findings, fixtures, results
 from harness.cache import Paging, filled, read
 from harness.cases import SPARSITY_MODES
 from harness.compare import bits, diagnose
-from harness.contract import Contract, ContractError
+from harness.contract import Contract, ContractError, cache_dtype
 from harness.matrix import version_key
 from harness.results import Word
 from harness.strategies import CPU, GPU, Example, Sizes, cases, examples, warmup_shards
@@ -118,6 +118,16 @@ class Session:
     warmup: compiles.Warmup | None = None
     workers: dict[str, dict] = field(default_factory=dict)  # xdist worker id -> what it reported at its end
     capabilities: frozenset[str] = DEFAULT_CAPABILITIES  # what the subject declares it can do (harness.subjects)
+    backends: tuple[str, ...] = ()  # attention backends whose contracts are checked (empty: every recorded one)
+    cache_dtypes: tuple[str, ...] = ()  # cache dtypes likewise
+
+    def selects(self, c: Contract) -> bool:
+        """Whether the session checks contract `c`: its backend and cache dtype were asked for, and the subject
+        serves that backend (a subject's optional `backends`: a plugin of one backend meets no other's caches)."""
+        served = getattr(self.subject, "backends", None)
+        return ((not self.backends or c.origin.backend_name in self.backends)
+                and (served is None or c.origin.backend_name in served)
+                and (not self.cache_dtypes or c.cache_dtype in self.cache_dtypes))
 
     @property
     def sizes(self) -> Sizes:
@@ -190,14 +200,25 @@ class Session:
 
 
 def start(subject_spec: str, asked: list[str], contracts_dir: Path, results_dir: Path, regressions_dir: Path,
-          known_findings_dir: Path, device: str, worker: str, args: str) -> Session:
-    """The session of one process. ValueError (a usage error) for a subject or releases that cannot be named."""
+          known_findings_dir: Path, device: str, worker: str, args: str, backends: tuple[str, ...] = (),
+          cache_dtypes: tuple[str, ...] = ()) -> Session:
+    """The session of one process. ValueError (a usage error) for a subject, releases, backends or cache dtypes
+    that cannot be named."""
     names = releases_asked(asked, contracts_dir)
     subject = load_subject(subject_spec)
     caps = capabilities_of(subject)
     known = findings.load(subject.name, known_findings_dir)
-    return Session(subject.name, subject_spec, subject, [load_release(r, contracts_dir) for r in names], known, results_dir,
-                   regressions_dir, worker, args, device, capabilities=caps)
+    releases = [load_release(r, contracts_dir) for r in names]
+    recorded = {c.origin.backend_name for r in releases for c in r.contracts}
+    unknown = sorted(set(backends) - recorded)
+    if unknown:
+        raise ValueError(f"backend(s) {', '.join(unknown)} not among the session releases' contracts "
+                         f"({', '.join(sorted(recorded))})")
+    for name in cache_dtypes:
+        cache_dtype(name)
+    return Session(subject.name, subject_spec, subject, releases, known, results_dir, regressions_dir, worker, args,
+                   device, capabilities=caps, backends=tuple(backends),
+                   cache_dtypes=tuple(cache_dtype(n).name for n in cache_dtypes))
 
 
 def missing(session: Session, needs: frozenset[str] | set[str]) -> list[str]:
@@ -236,8 +257,35 @@ class Target:
 
 
 def targets(session: Session) -> list[Target]:
-    """Every (release, geometry) of the session."""
-    return [Target(r, c) for r in session.releases for c in r.contracts]
+    """Every (release, geometry) of the session's backends and cache dtypes, one per distinct geometry (backends
+    handing a layer the same geometry share it), K/V caches only (`outside`)."""
+    return [Target(r, c) for r in session.releases
+            for c in dict.fromkeys(c for c in r.contracts if session.selects(c) and not _outside(c))]
+
+
+def _outside(c: Contract) -> str:
+    if c.latent:
+        return "a latent (MLA) cache holds no K/V pair for a K/V subject to split"
+    if c.diff_kv:
+        return "K's head dim, where a diff-KV cache's C splits, is not carried by split(kv_cache, contract)"
+    return ""
+
+
+def record_outside(session: Session) -> int:
+    """One not-applicable line per release for the selected geometries no K/V check covers, saying why."""
+    n = 0
+    for r in session.releases:
+        why: dict[str, list[str]] = {}
+        for c in dict.fromkeys(c for c in r.contracts if session.selects(c) and _outside(c)):
+            why.setdefault(_outside(c), []).append(c.name)
+        if why:
+            text = "; ".join(f"{len(names)} geometries ({', '.join(names)}): {reason}" for reason, names in why.items())
+            results.append(session.results_dir, results.Result(r.release, r.source, session.subject_name, "*",
+                                                                "K/V checks", "*", Word.NOT_APPLICABLE.value,
+                                                                diagnosis=text), session.worker)
+            n += 1
+    Runner.recorded += n
+    return n
 
 
 def dense_targets(session: Session) -> list[Target]:
@@ -328,7 +376,8 @@ class DeviceLost(BaseException):
 
 @dataclass(frozen=True)
 class Prepared:
-    """An example made concrete: token tensors, the release's kv_cache holding them, and its page table."""
+    """An example made concrete: token tensors (k and v as the cache stores them, the dense forward's input), the
+    release's kv_cache holding them, and its page table."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -367,7 +416,8 @@ class Runner:
         """Tokens written where the release's contract says (what vLLM's cache write does), pages poisoned."""
         q, k, v = ex.case.inputs(self.device)
         pages = ex.paging().to(self.device)
-        return Prepared(q, k, v, filled(ex.contract, ex.dims, pages, k, v), pages)
+        kv_cache = filled(ex.contract, ex.dims, pages, k, v)
+        return Prepared(q, ex.contract.stored(k), ex.contract.stored(v), kv_cache, pages)
 
     @staticmethod
     def outcome(word: Word | str, diagnosis: str = "") -> Outcome:
@@ -461,6 +511,8 @@ class Runner:
         try:
             supports = getattr(self.subject, "supports", None)  # optional outside kernels
             reason = self.call(supports, ex.case) if needs_subject and supports is not None else None
+            if needs_subject and not reason:
+                reason = self._supports_contract(ex.contract)
             if reason:
                 state.unsupported.add(reason)
                 if state.failure is None:
@@ -490,6 +542,17 @@ class Runner:
             state.known[known.id] = known
         if state.failure is None:  # examples tried while shrinking a failure are not results
             self._record(target, check, ex, extra, outcome, known.id if known else "")
+
+    def _supports_contract(self, contract: Contract) -> str | None:
+        # Optional in the subject: a kernel that says nothing is taken to read model-dtype K/V only, so a quantised
+        # cache is unsupported for it (never a pass, never a finding) until it declares otherwise.
+        by_contract = getattr(self.subject, "supports_contract", None)
+        if by_contract is not None:
+            return self.call(by_contract, contract)
+        if contract.cache_dtype != "auto":
+            return (f"{self.s.subject_name} declares no supports_contract: taken to read model-dtype K/V only, not a "
+                    f"{contract.cache_dtype} cache")
+        return None
 
     def _end_process(self, target: Target, check: str, ex: Example, extra, outcome: Outcome) -> None:
         self._record(target, check, ex, extra, outcome)

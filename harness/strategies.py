@@ -173,8 +173,7 @@ class Example:
     def to_json(self) -> str:
         """One line of JSON that `from_json` turns back into this exact example."""
         body = asdict(self)
-        body["contract"] = {"logical": list(self.contract.logical), "physical": list(self.contract.physical),
-                            "origin": str(self.contract.origin)}
+        body["contract"] = self.contract.to_json()
         return json.dumps(body, sort_keys=True)
 
     @classmethod
@@ -183,9 +182,7 @@ class Example:
         c = body["case"]
         case = Case(**{**c, "q_lens": tuple(c["q_lens"]), "kv_lens": tuple(c["kv_lens"]),
                        "sparsity": Sparsity(**c["sparsity"])})
-        k = body["contract"]
-        contract = Contract(tuple(k["logical"]), tuple(k["physical"]), k.get("origin", ""))
-        return cls(**{**body, "case": case, "contract": contract})
+        return cls(**{**body, "case": case, "contract": Contract.from_json(body["contract"])})
 
 
 @st.composite

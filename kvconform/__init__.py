@@ -23,7 +23,7 @@ profiles.register()  # before hypothesis' own plugin reads --hypothesis-profile 
 SESSION = pytest.StashKey["object"]()  # harness.runner.Session of an active run
 NOT_APPLICABLE = pytest.StashKey[dict]()  # check -> what it needs, for checks the subject lacks a capability for
 OPTIONS = ("release", "subject", "max_examples", "results_dir", "contracts_dir", "known_findings", "regressions_dir",
-           "workers_per_gpu")
+           "workers_per_gpu", "backend", "cache_dtype")
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 
@@ -35,6 +35,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--kvconform-subject", default=None,
                 help="subject under test: builtin, modelopt, mutant:<name> or module:Class (env KVCONFORM_SUBJECT; "
                      "default builtin)")
+    g.addoption("--kvconform-backend", action="append", default=[],
+                help="attention backend whose contracts to check, as vLLM names it (FLASH_ATTN, FLASHINFER, "
+                     "TRITON_ATTN, ...; repeatable). Default: every recorded backend.")
+    g.addoption("--kvconform-cache-dtype", action="append", default=[],
+                help="cache dtype whose contracts to check (auto, fp8_e4m3, fp8_e5m2, fp8_per_token_head, nvfp4; "
+                     "repeatable). Default: every recorded one.")
     g.addoption("--kvconform-max-examples", type=int, default=None,
                 help="override the hypothesis profile's max_examples")
     g.addoption("--kvconform-results-dir", default=None, help="where <release>/results.jsonl go (default: ./results)")
@@ -85,11 +91,14 @@ def _prepare_environment() -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     # Before xdist reads -n: on CUDA, no -n means GPUs x workers-per-GPU workers (-n 0 keeps one process).
-    if WORKER or not _active(config) or not config.pluginmanager.hasplugin("xdist") or config.option.collectonly:
+    if WORKER or not _active(config) or not hasattr(config.option, "numprocesses") or config.option.collectonly:
         return
     from harness import devices
 
-    if devices.gpus() and config.option.numprocesses is None:
+    # Whether -n was given, read from the command line: xdist's default for it differs between its versions.
+    given = any(a == "-n" or a.startswith(("-n=", "--numprocesses")) or (a.startswith("-n") and a[2:].isdigit())
+                for a in (*config.invocation_params.args, *config.getini("addopts")))
+    if devices.gpus() and not given:
         config.option.numprocesses = _workers(config)
 
 
@@ -137,6 +146,8 @@ def pytest_configure(config: pytest.Config) -> None:
     regressions = Path(config.getoption("kvconform_regressions_dir") or _default_regressions(config))
     args = [f"--kvconform-release={r}" for r in config.getoption("kvconform_release")]
     args.append(f"--kvconform-subject={spec}")
+    args += [f"--kvconform-{o.replace('_', '-')}={v}" for o in ("backend", "cache_dtype")
+             for v in config.getoption(f"kvconform_{o}")]
     for opt in ("contracts_dir", "regressions_dir", "known_findings"):
         if config.getoption(f"kvconform_{opt}"):
             args.append(f"--kvconform-{opt.replace('_', '-')}={config.getoption(f'kvconform_{opt}')}")
@@ -145,7 +156,8 @@ def pytest_configure(config: pytest.Config) -> None:
             spec, config.getoption("kvconform_release"), contracts, Path(config.getoption("kvconform_results_dir")
                                                                           or Path.cwd() / "results"),
             regressions, Path(config.getoption("kvconform_known_findings") or findings.DIRECTORY), device,
-            f"{run}-{WORKER or 'main'}", " ".join(shlex.quote(a) for a in args))
+            f"{run}-{WORKER or 'main'}", " ".join(shlex.quote(a) for a in args),
+            tuple(config.getoption("kvconform_backend")), tuple(config.getoption("kvconform_cache_dtype")))
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
     config.stash[SESSION] = session
@@ -272,15 +284,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     from harness import runner
 
-    # A check with no stored regressions has nothing to replay, and a check the subject lacks a capability for
-    # does not apply: no item, rather than a placeholder skip.
+    # A check with no stored regressions has nothing to replay, a check the subject lacks a capability for does
+    # not apply, and a session whose geometries no K/V check covers has no targets (each said in a not-applicable
+    # line): no item, rather than a placeholder skip.
     na = config.stash.get(NOT_APPLICABLE, {})
     empty = [i for i in items if getattr(getattr(i, "module", None), "CHECK", None) in na or (
-             "regression" in getattr(i, "fixturenames", ()) and
+             hasattr(getattr(i, "module", None), "CHECK") and
              any("empty parameter set" in str(m.kwargs.get("reason", "")) for m in i.iter_markers("skip")))]
     if WORKER in (None, "gw0") and not config.option.collectonly:  # one process records them
         for check in dict.fromkeys(i.module.CHECK for i in empty if i.module.CHECK in na):
             runner.record_not_applicable(s, check, na[check])
+        runner.record_outside(s)
     if empty:
         config.hook.pytest_deselected(items=empty)
         items[:] = [i for i in items if i not in empty]

@@ -174,11 +174,11 @@ def _paged_inputs(case: Case, dtype=None):
 def test_dtype_mismatch_is_refused(no_launch):
     case = mixed()
     q, k_cache, v_cache, pages = _paged_inputs(case, torch.bfloat16)
-    with pytest.raises(ValueError, match=r"dtypes differ.*q \(24, 4, 80\) torch.float16.*k \(\d+, 16, 2, 80\) "
+    with pytest.raises(ValueError, match=r"neither that nor one fp8 type.*q \(24, 4, 80\) torch.float16.*k \(\d+, 16, 2, 80\) "
                                          r"torch.bfloat16"):
         SUBJECT.paged_forward(case, q, k_cache, v_cache, pages, None)
     q, k, v = case.inputs()
-    with pytest.raises(ValueError, match=r"dtypes differ.*v \(206, 2, 80\) torch.float32"):
+    with pytest.raises(ValueError, match=r"neither that nor one fp8 type.*v \(206, 2, 80\) torch.float32"):
         SUBJECT.dense_forward(case, q, k, v.float(), None)
 
 

@@ -1,7 +1,6 @@
 """Paging: non-contiguous page assignment with spares, slot mapping, and errors on impossible requests."""
 
 import pytest
-import torch
 
 from harness.cache import paging
 

@@ -47,7 +47,8 @@ def host(pytester: pytest.Pytester) -> pytest.Pytester:
 def _suites(host, subject, *args):
     return host.runpytest_subprocess("--pyargs", "kvconform.suites", "-p", "no:cacheprovider", "-q", "-rA",
                                      f"--kvconform-subject=consumer:{subject}",
-                                     *[f"--kvconform-release={r}" for r in FAMILIES],
+                                     *[f"--kvconform-release={r}" for r in FAMILIES], "--kvconform-backend=FLASH_ATTN",
+                                     "--kvconform-cache-dtype=auto",
                                      "--hypothesis-profile=kvconform-ci", "--kvconform-max-examples=1", *args)
 
 

@@ -80,16 +80,21 @@ def test_drift_names_appeared_and_gone_settings():
     ]
 
 
-def test_table_has_one_row_per_release_and_family(tmp_path):
+def test_table_has_one_row_per_release_backend_dtype_and_family(tmp_path):
     fixtures.save(_rec(NHD, HND), tmp_path)
     packed = Contract(("B", "H", "N", "C"), ("B", "N", "H", "C"), "vllm 0.26.0 FLASH_ATTN NHD")
-    fixtures.save(Recording("0.26.0", (packed,), {"method": "m"}), tmp_path)
-    fixtures.save(Recording("0.27.1", (packed,), {"method": "m"}), tmp_path)
+    nvfp4 = Contract(("B", "S", "N", "D"), ("B", "S", "N", "D"), "vllm 0.26.0 FLASHINFER NHD", "nvfp4")
+    fixtures.save(Recording("0.26.0", (packed, nvfp4), {"method": "m"}), tmp_path)
+    fixtures.save(Recording("0.27.1", (packed, nvfp4), {"method": "m"}), tmp_path)
     rows = fixtures.table(tmp_path).splitlines()
-    assert rows[2].startswith("| 0.20.2 | kv-first | (KV,B,N,H,D) | KV.B.N.H.D (FLASH_ATTN NHD)<br>KV.B.H.N.D")
-    assert rows[3].startswith("| 0.26.0 | packed | (B,H,N,C) | B.N.H.C (FLASH_ATTN NHD) | halves of C")
-    assert [r.rsplit("|", 2)[1].strip() for r in rows[2:]] == ["", "**changed**", "same"]
-    assert len(rows) == 5
+    assert rows[2].startswith("| 0.20.2 | FLASH_ATTN | auto | kv-first | (KV,B,N,H,D) | KV.B.N.H.D KV.B.H.N.D | unbind KV")
+    assert rows[3].startswith("| 0.26.0 | FLASH_ATTN | auto | packed | (B,H,N,C) | B.N.H.C | halves of C")
+    assert rows[4].startswith("| 0.26.0 | FLASHINFER | nvfp4 | head-split | (B,S,N,D) | B.S.N.D | halves of S")
+    assert [r.rsplit("|", 2)[1].strip() for r in rows[2:]] == ["new", "**changed**", "new", "same", "same"]
+    assert len(rows) == 7
+    grid = fixtures.matrix(tmp_path).splitlines()
+    assert grid[0] == "| releases | FLASH_ATTN<br>auto | FLASHINFER<br>nvfp4 |"
+    assert grid[2:] == ["| 0.20.2 | kv-first ×2 | — |", "| 0.26.0 – 0.27.1 | packed ×1 | head-split ×1 |"]
 
 
 # The committed fixtures themselves.
@@ -106,15 +111,19 @@ def test_recording_matches_its_matrix_entry_and_instantiates(release):
     rec = fixtures.load(release)
     assert rec.contracts, release
     assert rec.observations["era"] == matrix.get(release).era
-    dims = Dims(num_blocks=3, block_size=16, kv_heads=4, head_dim=8, num_layers=5, layer=2)
     for c in rec.contracts:
-        k, v = c.split(c.allocate(dims, torch.float32), dims)
-        assert k.shape == v.shape == (3, 16, 4, 8)
-    # every contract was read with an observed write that put K and V where its split says, and nowhere else
+        dims = Dims(num_blocks=3, block_size=16, kv_heads=1 if c.latent else 4, head_dim=32, num_layers=5, layer=2,
+                    head_dim_v=24 if c.diff_kv else 0)
+        views = c.views(c.allocate(dims, torch.float32), dims)
+        widths = {"K": c.dtype.width(32), "V": c.dtype.width(24 if c.diff_kv else 32), "latent": 32}
+        assert {n: tuple(t.shape) for n, t in views.items()} == {
+            n: ((3, 16, 32) if n == "latent" else (3, 16, 4, widths[n])) for n in views}, c.describe()
+    # every FLASH_ATTN model-dtype contract was read with an observed write (and every other backend's where its
+    # release has do_kv_cache_update) that put K and V where its split says, and nowhere else
     writes = list(_writes(rec.observations))
-    assert len(writes) >= len(rec.contracts)
-    k_at = {"packed": "C[0:32]", "kv-first": "KV=0", "blocks-first": "KV=0"}[rec.contracts[0].family]
-    assert all(w["K"] == k_at and w["stray_cells"] == 0 and w["tokens"] == 5 for w in writes)
+    assert len(writes) >= sum(1 for c in rec.contracts if c.origin.backend_name == "FLASH_ATTN" and c.cache_dtype == "auto")
+    assert all((w["K"], w["V"]) in (("KV=0", "KV=1"), ("C[0:32]", "C[32:64]")) and w["stray_cells"] == 0
+               and w["tokens"] == 5 for w in writes)
 
 
 def _writes(obs):
@@ -128,3 +137,14 @@ def _writes(obs):
 def test_main_recording_says_where_it_came_from():
     obs = fixtures.load("main").observations
     assert obs["copied_from"] == RECORDED[-2] and "nightly index" in obs["note"]
+
+
+def test_drift_names_the_backend_and_cache_dtype_that_moved():
+    fi = Contract(("B", "S", "N", "D"), ("B", "S", "N", "D"), "vllm 0.33.0 FLASHINFER LBHNC single-layer", "nvfp4")
+    moved = Contract(("B", "S", "N", "D"), ("B", "N", "S", "D"), "vllm 0.33.0 FLASHINFER LBHNC single-layer", "nvfp4")
+    fa = Contract(("B", "H", "N", "C"), ("B", "H", "N", "C"), "vllm 0.33.0 FLASH_ATTN LBHNC single-layer")
+    assert fixtures.drift(Recording("0.33.0", (fa, fi)), Recording("0.33.0", (fa, fi))) == []
+    assert fixtures.drift(Recording("0.33.0", (fa, fi)), Recording("0.33.0", (fa, moved))) == [
+        "FLASHINFER nvfp4 LBHNC single-layer: physical (stride) order B.S.N.D -> B.N.S.D"]
+    assert fixtures.drift(Recording("0.33.0", (fa, fi)), Recording("0.33.0", (fa,))) == [
+        f"FLASHINFER nvfp4 LBHNC single-layer: contract gone (was {fi.describe()})"]

@@ -69,7 +69,8 @@ def host(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def _suites(host: pytest.Pytester, subject: str, *args: str):
-    releases = [f"--kvconform-release={r}" for r in FAMILIES]
+    releases = [f"--kvconform-release={r}" for r in FAMILIES] + [  # FlashAttention's family of each era
+        "--kvconform-backend=FLASH_ATTN", "--kvconform-cache-dtype=auto"]
     return host.runpytest_subprocess("--pyargs", "kvconform.suites", "-p", "no:cacheprovider", "-q", "-rA",
                                      f"--kvconform-subject=host_subject:{subject}", *releases,
                                      "--hypothesis-profile=kvconform-ci", "--kvconform-max-examples=2",

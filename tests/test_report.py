@@ -217,3 +217,21 @@ def test_not_applicable_is_its_own_mark_never_a_pass_nor_a_finding(tmp_path):
     row = matrix_rows(report.markdown(data))["0.25.1"]
     assert row == ["✓1", "⊘1", "∅1"]  # split-agrees, transfer, bit-identity in the reader's order
     assert "not-applicable" in report.html_page(data)
+
+
+def test_cache_dtypes_get_their_own_matrix_and_geometries_name_their_backends(tmp_path):
+    root = tmp_path / "results"
+    add(root, "0.33.0", "packed:B.H.N.C", "bit-identical")
+    add(root, "0.33.0", "packed:B.N.H.C@fp8_e4m3", "differs", diagnosis="1 of 8 differ", repro="REPRO fp8")
+    add(root, "0.33.0", "head-split:B.S.N.D@nvfp4", "unsupported", diagnosis="cache dtype nvfp4 not supported")
+    data = report.fold(results.read(merged(root)))
+    assert {d: dict(c) for d, c in data["cache_dtypes"]["builtin"]["0.33.0"].items()} == {
+        "auto": {"bit-identical": 1}, "fp8_e4m3": {"differs": 1}, "nvfp4": {"unsupported": 1}}
+    md = report.markdown(data)
+    table = md[md.index("#### builtin: release × cache dtype"):].splitlines()
+    assert table[2] == "| release | auto | fp8_e4m3 | nvfp4 |"
+    assert re.match(r"\| 0\.33\.0 \| \S+ \| \S+ \| \S+ \|", table[4])
+    assert report._family("packed:B.N.H.C@fp8_e4m3") == "packed@fp8_e4m3"
+    backends = md[md.index("## Which backends hand each geometry"):].splitlines()
+    assert any(line.startswith("- packed:B.H.N.C: ") and "FLASH_ATTN (0.33.0)" in line for line in backends), backends
+    assert "release × cache dtype" in report.html_page(data)

@@ -48,7 +48,7 @@ class KeepsViews(offloader.Offloader):
     name = "keeps-views"
 
     def extract(self, kv_cache, contract, block_ids):
-        k, v = offloader._k_v(kv_cache, self.family(kv_cache, contract))
+        k, v = self.split(kv_cache, contract)
         return [(k, v), block_ids]
 
     def inject(self, kv_cache, contract, block_ids, payload):
@@ -71,7 +71,7 @@ def session(tmp_path):
     def start(subject):
         s = runner.start(subject if isinstance(subject, str) else "offloader:Offloader", list(FAMILIES),
                          runner.fixtures.ROOT, tmp_path / "results", tmp_path / "regressions",
-                         runner.findings.DIRECTORY, "cpu", "test-main", "")
+                         runner.findings.DIRECTORY, "cpu", "test-main", "", ("FLASH_ATTN",), ("auto",))
         if not isinstance(subject, str):
             s.subject, s.subject_name = subject, subject.name
         return s
@@ -181,6 +181,7 @@ def test_the_plugin_catches_the_shape_sniffing_offloader_only_on_blocks_first(py
     done = pytester.runpytest_subprocess(
         "--pyargs", "kvconform.suites", "-p", "no:cacheprovider", "-q", "-rA",
         "--kvconform-subject=offloader:ShapeSniffingOffloader", *[f"--kvconform-release={r}" for r in FAMILIES],
+        "--kvconform-backend=FLASH_ATTN", "--kvconform-cache-dtype=auto",
         "--hypothesis-profile=kvconform-ci", "--kvconform-max-examples=1", "-k", "transfer or bit_identity")
     out = done.stdout.str()
     assert done.ret == 1, out[-3000:]

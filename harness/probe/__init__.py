@@ -9,6 +9,10 @@ One adapter module per era of vLLM's API (how a release can be asked about its l
 | `era_write` | 0.15 - 0.28 | same, write through FlashAttentionImpl.do_kv_cache_update |
 | `era_enum` | 0.29 - | vllm.v1.kv_cache_layout.KVCacheLayout + create_kv_cache_views (no shape method); do_kv_cache_update |
 
+The era adapters read FLASH_ATTN at the model dtype; `backends` then reads every other attention backend and
+cache dtype the release has (FLASHINFER, TRITON_ATTN, FLEX_ATTENTION, FLASH_ATTN_DIFFKV, TRITON_MLA, and FLASH_ATTN
+in fp8) with the same API, and its docstring says how to add a backend.
+
 Every adapter instantiates the release's layout at DIMS (all sizes distinct, so each axis is named by its size and
 never guessed), names the physical order from the strides of the tensor the release builds, and runs the release's
 own cache-write path on the CPU with vLLM's CUDA op `reshape_and_cache_flash` replaced by `scatter` (same
@@ -60,7 +64,11 @@ def probe() -> Recording:
         era = importlib.import_module(f"{__name__}.{name}")
         gap = era.missing()
         if gap is None:
-            return era.probe(version)
+            from harness.probe import backends
+
+            rec = era.probe(version)
+            more, observed = backends.read(version, enum_era=name == "era_enum")
+            return Recording(rec.release, rec.contracts + tuple(more), {**rec.observations, "backends": observed})
         missing.append(f"{name}: {gap}")
     raise ProbeError(f"vllm {version}: no adapter understands this release's API; " + "; ".join(missing))
 
@@ -254,7 +262,7 @@ def dedupe(contracts: list[Contract]) -> tuple[Contract, ...]:
     for c in contracts:
         if c in merged:
             first = merged[c]
-            c = Contract(c.logical, c.physical,
-                         dataclasses.replace(first.origin, setting=f"{first.origin.setting} + {c.origin.setting}"))
+            c = dataclasses.replace(c, origin=dataclasses.replace(
+                first.origin, setting=f"{first.origin.setting} + {c.origin.setting}"))
         merged[c] = c
     return tuple(merged.values())

@@ -23,6 +23,7 @@ from harness.contract import Contract
 from harness.subjects import SparsitySemantics, TileConfig, check_paged_views
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)  # K/V types read as values times a per-tensor scale of 1
 NM_GROUPS = (2, 4, 8, 16)
 MODES = {"none": 0, "skip_softmax": 1, "nm": 2}
 # The fixed tile set: decode-like batches (every program holds one query token's group of heads) stream K/V with
@@ -114,7 +115,7 @@ def _attn_fwd(
             v_rows = (kv_start + n) * stride_vn + kv_head * stride_vh
         k_rows = tl.multiple_of(k_rows, ALIGN)
         v_rows = tl.multiple_of(v_rows, ALIGN)
-        k = tl.load(k_ptr + k_rows[None, :] + d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+        k = tl.load(k_ptr + k_rows[None, :] + d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0).to(q.dtype)
         s = _dot(q, k, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_F32) * scale_log2
         valid = row_ok[:, None] & n_ok[None, :]
         if CAUSAL:
@@ -135,10 +136,10 @@ def _attn_fwd(
             p = tl.where(skip[:, None], 0.0, p)
             alpha = tl.where(skip, 1.0, alpha)
             if tl.min(skip.to(tl.int32), 0) == 0:
-                v = tl.load(v_ptr + v_rows[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+                v = tl.load(v_ptr + v_rows[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(q.dtype)
                 acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_F32)
         else:
-            v = tl.load(v_ptr + v_rows[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            v = tl.load(v_ptr + v_rows[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(q.dtype)
             acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_F32)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
@@ -219,6 +220,12 @@ class BuiltinSubject:
             return f"nm group size m={sp.m} not supported; supported: {NM_GROUPS}"
         return None
 
+    def supports_contract(self, contract: Contract) -> str | None:
+        if contract.cache_dtype not in ("auto", "fp8_e4m3", "fp8_e5m2"):
+            return (f"cache dtype {contract.cache_dtype} not supported (scales {contract.dtype.scale}); supported: "
+                    "the model dtype and per-tensor fp8, read as K/V values times a per-tensor scale of 1")
+        return None
+
     def split(self, kv_cache: torch.Tensor, contract: Contract) -> tuple[torch.Tensor, torch.Tensor]:
         return contract.split(kv_cache)
 
@@ -255,8 +262,8 @@ def _check_case(subject: BuiltinSubject, case: Case, q: torch.Tensor, k: torch.T
     reason = subject.supports(case)
     if reason:
         raise ValueError(f"builtin subject cannot run this case: {reason} ({shapes})")
-    if not q.dtype == k.dtype == v.dtype == case.torch_dtype:
-        raise ValueError(f"q/k/v dtypes differ or differ from the case's {case.dtype}: {shapes}")
+    if q.dtype != case.torch_dtype or k.dtype != v.dtype or k.dtype not in (case.torch_dtype, *FP8):
+        raise ValueError(f"q is not the case's {case.dtype}, or k/v are neither that nor one fp8 type {FP8}: {shapes}")
     if len({q.device, k.device, v.device}) != 1:
         raise ValueError(f"q, k, v on different devices {q.device}, {k.device}, {v.device}: {shapes}")
     want = (sum(case.q_lens), case.num_heads, case.head_dim)

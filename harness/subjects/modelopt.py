@@ -108,6 +108,7 @@ class ModeloptSubject:
     release: bound here (`for_release`), or else read from the contract's origin ("vllm <version> ...")."""
 
     name = "modelopt"
+    backends = ("FLASH_ATTN",)  # its vLLM plugin replaces FLASH_ATTN's impl: no other backend hands it a cache
     sparsity_semantics = SparsitySemantics(skip_decision="query_tile", nm_dense_decode_rows=True,
                                            recent_window="to_query", nm_tied_kept=(8,))
 
@@ -135,6 +136,11 @@ class ModeloptSubject:
         sp = case.sparsity
         if sp.mode == "nm" and sp.m not in NM_GROUPS:
             return f"nm group size m={sp.m} not supported; modelopt supports m in {NM_GROUPS}"
+        return None
+
+    def supports_contract(self, contract: Contract) -> str | None:
+        if contract.cache_dtype != "auto":
+            return f"cache dtype {contract.cache_dtype} not supported: modelopt's kernel reads model-dtype K/V"
         return None
 
     def tile_config(self, case: Case) -> TileConfig:

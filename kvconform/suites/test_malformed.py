@@ -18,8 +18,9 @@ def malform(kv_cache, contract, mutation):
     if mutation == "extra-axis":
         return kv_cache.unsqueeze(0)
     if mutation == "bad-kv-or-c-size":
-        if contract.packed:  # an odd packed axis: K and V cannot be halves of it
-            return kv_cache.narrow(axis["C"], 0, kv_cache.shape[axis["C"]] - 1)
+        if contract.split_axis in ("C", "S"):  # an odd packed or head-slot axis: K and V cannot be halves of it
+            split = axis[contract.split_axis]
+            return kv_cache.narrow(split, 0, kv_cache.shape[split] - 1)
         return kv_cache.repeat_interleave(2, dim=axis["KV"]).narrow(axis["KV"], 0, 3)
     if mutation == "strided-innermost":
         wide = kv_cache.repeat_interleave(2, dim=-1)
@@ -27,13 +28,13 @@ def malform(kv_cache, contract, mutation):
     if mutation == "ignored-physical-order":  # what a `.contiguous()` somewhere on the way does
         return kv_cache.contiguous()
     if mutation == "swapped-n-h":
-        return kv_cache.transpose(axis["N"], axis["H"])
+        return kv_cache.transpose(axis["N"], axis["H" if "H" in axis else "S"])
     raise ValueError(mutation)
 
 
 def applicable(ex, mutation):
     if mutation == "ignored-physical-order":  # only visible where axes longer than 1 change their memory order
-        long = [a for a in ex.contract.logical if ex.dims.size(a) > 1]
+        long = [a for a in ex.contract.logical if ex.contract.size(a, ex.dims) > 1]
         return [a for a in ex.contract.physical if a in long] != long
     if mutation == "swapped-n-h":
         return ex.case.kv_heads > 1

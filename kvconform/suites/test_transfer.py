@@ -12,6 +12,7 @@ import torch
 
 from harness import transfer
 from harness.compare import bits
+from harness.contract import poison
 from harness.results import Word
 
 CHECK = "transfer"
@@ -39,7 +40,7 @@ def check(run, ex, seed):
         changed = int((bits(source) != bits(before)).sum())
         return run.outcome(Word.DIFFERS, f"extract of blocks {src} changed {changed} elements of the source cache")
     want_k, want_v = (t[source_ids].clone() for t in contract.split(p.kv_cache, dims))
-    source.fill_(float("nan"))  # the source blocks are freed and reused: the payload must not alias them
+    poison(source)  # the source blocks are freed and reused: the payload must not alias them
 
     target = contract.allocate(dims, ex.case.torch_dtype, device)
     run.call(run.subject.inject, target, contract, target_ids, payload)
