@@ -88,18 +88,17 @@ def _prepare_environment() -> None:
     os.environ.setdefault("TRITON_CACHE_MANAGER", MANAGER)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_cmdline_main(config: pytest.Config) -> None:
-    # Before xdist reads -n: on CUDA, no -n means GPUs x workers-per-GPU workers (-n 0 keeps one process).
-    if WORKER or not _active(config) or not hasattr(config.option, "numprocesses") or config.option.collectonly:
-        return
-    from harness import devices
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config):
+    # On CUDA, no -n means GPUs x workers-per-GPU workers (-n 0 keeps one process). A wrapper, so that this runs
+    # before xdist's own (tryfirst) pytest_cmdline_main turns -n into its worker list.
+    if (not WORKER and _active(config) and hasattr(config.option, "numprocesses")
+            and config.option.numprocesses is None and not config.option.collectonly):
+        from harness import devices
 
-    # Whether -n was given, read from the command line: xdist's default for it differs between its versions.
-    given = any(a == "-n" or a.startswith(("-n=", "--numprocesses")) or (a.startswith("-n") and a[2:].isdigit())
-                for a in (*config.invocation_params.args, *config.getini("addopts")))
-    if devices.gpus() and not given:
-        config.option.numprocesses = _workers(config)
+        if devices.gpus():
+            config.option.numprocesses = _workers(config)
+    return (yield)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -145,3 +145,28 @@ def test_no_release_without_vllm_is_a_usage_error_naming_the_recordings(host):
     done = host.runpytest_subprocess("--pyargs", "kvconform.suites")
     assert done.ret == pytest.ExitCode.USAGE_ERROR
     assert "name the release(s) to replay with --kvconform-release" in done.stderr.str()
+
+
+REPORTS_XDIST = '''
+import pytest
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):  # after xdist's: what it made of -n, then stop before any session starts
+    print("XDIST", config.option.numprocesses, config.option.dist, len(getattr(config.option, "tx", None) or []))
+    pytest.exit("configured", 0)
+'''
+
+
+@pytest.mark.parametrize("args, want", [((), "XDIST 6 load 6"), (("-n", "0"), "XDIST 0 no 0"),
+                                        (("-n", "1"), "XDIST 1 load 1")])
+def test_on_gpus_no_n_means_workers_per_gpu_and_xdist_starts_them(host, args, want):
+    # The worker count must be set before xdist's own pytest_cmdline_main turns -n into its worker list, also when
+    # kvconform is loaded before xdist (`-p kvconform`, as this repository's pyproject does).
+    host.makeconftest("import harness.devices, torch\nharness.devices.gpus = lambda: 2  # a two-GPU host\n"
+                      "torch.cuda.set_device = lambda device: None\n")
+    host.makepyfile(reports_xdist=REPORTS_XDIST)
+    done = host.runpytest_subprocess("-p", "kvconform", "-p", "reports_xdist", "--pyargs", "kvconform.suites",
+                                     "--kvconform-release=0.33.0", "--kvconform-workers-per-gpu=3",
+                                     "-p", "no:cacheprovider", *args)
+    assert want in done.stdout.str(), done.stdout.str()[-2000:]
