@@ -307,8 +307,12 @@ class Regression:
 
 def regressions(session: Session, check: str) -> list[Regression]:
     """Every kept failing example of `check` found on this kind of device (a GPU-sized example is not replayed by
-    the CPU interpreter), once per session release that has its geometry."""
+    the CPU interpreter), once per session release whose selected targets have its geometry (any of its
+    geometries, for a check that uses no cache)."""
     out = []
+    selected: dict[str, set[str]] = {r.release: set() for r in session.releases}
+    for t in targets(session):
+        selected[t.release.release].add(t.contract.name)
     for path in sorted((session.regressions_dir / session.subject_name).glob(f"{check}-*.json")):
         body = json.loads(path.read_text())
         if body.get("device", _device_kind(session.device)) != _device_kind(session.device):
@@ -316,7 +320,8 @@ def regressions(session: Session, check: str) -> list[Regression]:
         ex = Example.from_json(json.dumps(body["example"]))
         label = body["geometry"] if body["geometry"] != ex.contract.name else ""
         out += [Regression(Target(r, ex.contract, label), ex, body.get("extra"), path.stem.split("-")[-1])
-                for r in session.releases if ex.contract.name in {c.name for c in r.contracts}]
+                for r in session.releases
+                if ex.contract.name in ({c.name for c in r.contracts} if label else selected[r.release])]
     return out
 
 
