@@ -58,8 +58,8 @@ def paging(
 def write(k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging, k: torch.Tensor, v: torch.Tensor) -> None:
     """Store token rows k, v [total_kv, H, D] at their slots in canonical views [B, N, H, D], in place."""
     page, offset = _slots(paging, k_cache.device)
-    k_cache[page, offset] = k
-    v_cache[page, offset] = v
+    _indexable(k_cache)[page, offset] = _indexable(k.to(k_cache.dtype))
+    _indexable(v_cache)[page, offset] = _indexable(v.to(v_cache.dtype))
 
 
 def filled(contract: Contract, dims: Dims, paging: Paging, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -74,7 +74,12 @@ def filled(contract: Contract, dims: Dims, paging: Paging, k: torch.Tensor, v: t
 def read(k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging) -> tuple[torch.Tensor, torch.Tensor]:
     """Token rows [total_kv, H, D] gathered back from canonical views through the slot mapping."""
     page, offset = _slots(paging, k_cache.device)
-    return k_cache[page, offset], v_cache[page, offset]
+    return (_indexable(k_cache)[page, offset].view(k_cache.dtype), _indexable(v_cache)[page, offset].view(v_cache.dtype))
+
+
+def _indexable(t: torch.Tensor) -> torch.Tensor:
+    # fp8 as its bytes: the torch releases some vLLM releases pin cannot index fp8 tensors on the CPU.
+    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
 
 
 def _slots(paging: Paging, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
