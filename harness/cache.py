@@ -63,18 +63,19 @@ def write(k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging, k: torch
 
 
 def filled(contract: Contract, dims: Dims, paging: Paging, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """A layer's kv_cache in `contract`'s geometry holding k, v [total_kv, H, D] where the contract puts them (what
-    vLLM's cache write does), stored as its cache dtype stores them (`Contract.stored`); every other element
+    """A layer's kv_cache in `contract`'s geometry holding token rows k, v [total_kv, H, D] as its cache dtype stores
+    them (`Contract.stored`) where the contract puts them (what vLLM's cache write does); every other element
     poisoned."""
     kv_cache = contract.allocate(dims, k.dtype, k.device)
-    write(*contract.split(kv_cache, dims), paging, contract.stored(k), contract.stored(v))
+    write(*contract.split(kv_cache, dims), paging, k, v)
     return kv_cache
 
 
 def read(k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging) -> tuple[torch.Tensor, torch.Tensor]:
     """Token rows [total_kv, H, D] gathered back from canonical views through the slot mapping."""
     page, offset = _slots(paging, k_cache.device)
-    return (_indexable(k_cache)[page, offset].view(k_cache.dtype), _indexable(v_cache)[page, offset].view(v_cache.dtype))
+    return (_indexable(k_cache)[page, offset].view(k_cache.dtype),
+            _indexable(v_cache)[page, offset].view(v_cache.dtype))
 
 
 def _indexable(t: torch.Tensor) -> torch.Tensor:

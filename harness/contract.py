@@ -288,17 +288,13 @@ class Contract:
         if self.latent and axis == "H" and dims.kv_heads != 1:
             raise ContractError(f"a latent cache has one head slot, {dims} has {dims.kv_heads}: {self.describe()}")
         w = self.dtype.width
-        return {"L": dims.num_layers, "B": dims.num_blocks, "KV": 2, "N": dims.block_size, "H": dims.kv_heads,
-                "S": 2 * dims.kv_heads, "D": w(dims.head_dim), "C": w(dims.head_dim) + w(dims.v_dim),
-                "R": w(dims.head_dim)}[axis]
+        if axis in ("D", "R"):
+            return w(dims.head_dim)
+        return w(dims.head_dim) + w(dims.v_dim) if axis == "C" else dims.size(axis)
 
     def element(self, model: torch.dtype) -> torch.dtype:
         """The element type of the kv_cache a layer of a `model`-dtype model receives."""
         return self.dtype.element or model
-
-    def view_dtype(self, model: torch.dtype) -> torch.dtype:
-        """The type K and V views are read as."""
-        return self.dtype.view or model
 
     def physical_shape(self, dims: Dims) -> tuple[int, ...]:
         """Sizes of the allocation in memory order."""

@@ -214,8 +214,6 @@ def start(subject_spec: str, asked: list[str], contracts_dir: Path, results_dir:
     if unknown:
         raise ValueError(f"backend(s) {', '.join(unknown)} not among the session releases' contracts "
                          f"({', '.join(sorted(recorded))})")
-    for name in cache_dtypes:
-        cache_dtype(name)
     return Session(subject.name, subject_spec, subject, releases, known, results_dir, regressions_dir, worker, args,
                    device, capabilities=caps, backends=tuple(backends),
                    cache_dtypes=tuple(cache_dtype(n).name for n in cache_dtypes))
@@ -420,9 +418,9 @@ class Runner:
     def prepare(self, ex: Example) -> Prepared:
         """Tokens written where the release's contract says (what vLLM's cache write does), pages poisoned."""
         q, k, v = ex.case.inputs(self.device)
+        k, v = ex.contract.stored(k), ex.contract.stored(v)
         pages = ex.paging().to(self.device)
-        kv_cache = filled(ex.contract, ex.dims, pages, k, v)
-        return Prepared(q, ex.contract.stored(k), ex.contract.stored(v), kv_cache, pages)
+        return Prepared(q, k, v, filled(ex.contract, ex.dims, pages, k, v), pages)
 
     @staticmethod
     def outcome(word: Word | str, diagnosis: str = "") -> Outcome:

@@ -16,6 +16,7 @@ from harness.contract import Contract, ContractError, Dims, cross_layer
 from harness.fixtures import Recording, save
 
 REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.usefixtures("not_a_worker")  # the suites these tests start are not xdist workers
 
 PACKED = Contract(("B", "H", "N", "C"), ("B", "H", "N", "C"), "vllm 0.33.0 FLASHINFER LBHNC single-layer")
 NVFP4 = Contract(("B", "S", "N", "D"), ("B", "S", "N", "D"), "vllm 0.33.0 FLASHINFER LBHNC single-layer", "nvfp4")
@@ -162,14 +163,19 @@ class HeadSizeSplit(ContentAxisConsumer):
         return t[..., :head], t[..., head:]
 
 
-def suites(root: Path, subject: str, *args: str) -> subprocess.CompletedProcess:
+def _suites(root: Path, out: Path, subject: str, *args: str, timeout: int) -> subprocess.CompletedProcess:
+    """The suites over `root`'s recordings of 0.33.0 in a fresh process, results and regressions under `out`."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "--hypothesis-profile=kvconform-ci",
-           f"--kvconform-subject=test_backends:{subject}", f"--kvconform-contracts-dir={root / 'contracts'}",
-           f"--kvconform-results-dir={root / 'results'}", f"--kvconform-regressions-dir={root / 'regressions'}",
-           f"--kvconform-known-findings={root / 'known'}", "--kvconform-release=0.33.0", "--kvconform-max-examples=4",
-           "conformance/test_split.py", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+           f"--kvconform-subject={subject}", f"--kvconform-contracts-dir={root / 'contracts'}",
+           f"--kvconform-results-dir={out / 'results'}", f"--kvconform-regressions-dir={out / 'regressions'}",
+           f"--kvconform-known-findings={root / 'known'}", "--kvconform-release=0.33.0", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def suites(root: Path, subject: str, *args: str) -> subprocess.CompletedProcess:
+    return _suites(root, root, f"test_backends:{subject}", "--kvconform-max-examples=4", "conformance/test_split.py",
+                   *args, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -216,14 +222,8 @@ def test_diff_kv_and_latent_geometries_are_reported_not_applicable(recorded):
 
 
 def kernels(root: Path, subject: str, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "--hypothesis-profile=kvconform-ci",
-           f"--kvconform-subject={subject}", f"--kvconform-contracts-dir={root / 'contracts'}",
-           f"--kvconform-results-dir={root / subject / 'results'}",
-           f"--kvconform-regressions-dir={root / subject / 'regressions'}", f"--kvconform-known-findings={root / 'known'}",
-           "--kvconform-release=0.33.0", "--kvconform-max-examples=3",
-           "conformance/test_bit_identity.py::test_bit_identity", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    return _suites(root, root / subject, subject, "--kvconform-max-examples=3",
+                   "conformance/test_bit_identity.py::test_bit_identity", *args, timeout=900)
 
 
 def test_builtin_reads_fp8_caches_bit_identically_and_says_why_it_skips_nvfp4(recorded):

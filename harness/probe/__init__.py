@@ -153,6 +153,19 @@ def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def write_ops(module: types.ModuleType, op: Callable, names: tuple[str, ...] = ("reshape_and_cache_flash",)
+              ) -> Iterator[None]:
+    """`op` in place of the release's cache-write ops: `module`'s names among `names` (reshape_and_cache_flash even
+    where absent: FLASH_ATTN imports it only with CUDA) and torch.ops._C_cache_ops.reshape_and_cache_flash."""
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            if hasattr(module, name) or name == "reshape_and_cache_flash":
+                stack.enter_context(patched(module, name, op))
+        stack.enter_context(patched(torch.ops, "_C_cache_ops", types.SimpleNamespace(reshape_and_cache_flash=op)))
+        yield
+
+
+@contextlib.contextmanager
 def env(name: str, value: str, caches: tuple[Callable, ...]) -> Iterator[None]:
     """Set a documented env switch; clear the release's functools caches that would hide the change."""
     import vllm.envs as envs

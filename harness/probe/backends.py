@@ -114,7 +114,7 @@ def _declared(cls: type) -> list[str] | None:
 
 
 def _dtypes(b: Backend, cls: type) -> list[str]:
-    declared = getattr(cls, "supported_kv_cache_dtypes", None)
+    declared = _declared(cls)
     if declared is None:
         return ["auto"] if "auto" in b.dtypes else []
     said = {"fp8_e4m3" if d == "fp8" else d for d in declared}
@@ -188,7 +188,8 @@ def _enum_views(version: str, b: Backend, cls: type, cache_dtype: str, mod: type
             if count > 1:
                 named["L"] = views[1].storage_offset() - views[0].storage_offset()
             phys = _physical(logical, named, member, count)
-            setting = f"{member.name} {what}" + ("" if len(classes) == len(CAPABILITIES) else f" ({', '.join(classes)})")
+            only = "" if len(classes) == len(CAPABILITIES) else f" ({', '.join(classes)})"
+            setting = f"{member.name} {what}{only}"
             c = contract(b, logical, phys, f"vllm {version} {b.name} {setting}", cache_dtype)
             p.check_view(c, kv_cache, kv_cache.storage_offset(), d)
             yield setting, c, {"stride_order": list(member.stride_order), "device_classes": classes,
@@ -203,17 +204,9 @@ def _supported(cls: type, mod: types.ModuleType, layouts, cap: tuple[int, int]) 
     stub = types.SimpleNamespace(get_device_capability=lambda *a, **k: platform.DeviceCapability(*cap),
                                  is_device_capability=lambda c: c == cap[0] * 10 + cap[1],
                                  is_device_capability_family=lambda c: c // 10 == cap[0])
-    with p.patched(mod, "current_platform", stub) if hasattr(mod, "current_platform") else _nothing():
+    with p.patched(mod, "current_platform", stub) if hasattr(mod, "current_platform") else contextlib.nullcontext():
         supported = cls.supported_kv_cache_layouts()
     return list(layouts) if supported is None else list(supported)
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _spec(iface, b: Backend, cls: type, cache_dtype: str, d: Dims):
@@ -248,8 +241,8 @@ def _physical(logical, named: dict[str, int], member, count: int) -> tuple[str, 
 # ---- the backend's own cache write -------------------------------------------------------------------------------
 
 WRITE_OPS = ("reshape_and_cache_flash", "triton_reshape_and_cache_flash")  # module-level names backends call
-IMPL_STATE = {"is_kvcache_nvfp4": False, "nvfp4_fa2": False, "_is_per_token_head_quant": False,
-              "_set_kv_ptr_range": False, "fp8_dtype": torch.float8_e4m3fn, "cache_dtype": "auto"}  # a model-dtype cache's answers
+IMPL_STATE = {"is_kvcache_nvfp4": False, "nvfp4_fa2": False, "_is_per_token_head_quant": False,  # a model-dtype
+              "_set_kv_ptr_range": False, "fp8_dtype": torch.float8_e4m3fn, "cache_dtype": "auto"}  # cache's answers
 
 
 def _write(b: Backend, cls: type, mod: types.ModuleType, c: Contract, kv_cache: torch.Tensor,
@@ -269,12 +262,7 @@ def _write(b: Backend, cls: type, mod: types.ModuleType, c: Contract, kv_cache: 
     if c.cache_dtype != "auto":
         return _views_written(impl, impl_cls, mod, c, kv_cache)
     calls: list = []
-    op = p.scatter(calls, stop=False)
-    with contextlib.ExitStack() as stack:
-        for name in WRITE_OPS:
-            if hasattr(mod, name) or name == "reshape_and_cache_flash":
-                stack.enter_context(p.patched(mod, name, op))
-        stack.enter_context(p.patched(torch.ops, "_C_cache_ops", types.SimpleNamespace(reshape_and_cache_flash=op)))
+    with p.write_ops(mod, p.scatter(calls, stop=False), WRITE_OPS):
 
         def write(key, value, cache, slots):
             impl.do_kv_cache_update(p.layer(), key, value, cache, slots)
@@ -290,9 +278,9 @@ def _write(b: Backend, cls: type, mod: types.ModuleType, c: Contract, kv_cache: 
 def _views_written(impl, impl_cls: type, mod: types.ModuleType, c: Contract, kv_cache: torch.Tensor) -> dict | str:
     """For a quantised cache, whose write is a CUDA kernel: the K and V views the backend's do_kv_cache_update
     hands that kernel, compared with the contract's split (shape, strides, offset: the retype aside)."""
-    vars(impl).update(kv_cache_dtype=c.cache_dtype, cache_dtype=c.cache_dtype,
-                      is_kvcache_nvfp4=c.cache_dtype == "nvfp4", _is_per_token_head_quant=c.dtype.scale.startswith("inline"),
-                      _k_scale_cache=None, _v_scale_cache=None)
+    vars(impl).update(kv_cache_dtype=c.cache_dtype, cache_dtype=c.cache_dtype, is_kvcache_nvfp4=c.cache_dtype == "nvfp4",
+                      _is_per_token_head_quant=c.cache_dtype == "fp8_per_token_head", _k_scale_cache=None,
+                      _v_scale_cache=None)
     quant_mode = getattr(p.module("vllm.v1.kv_cache_interface"), "get_kv_quant_mode", None)
     if quant_mode is not None:
         impl._kv_quant_mode = quant_mode(c.cache_dtype)
@@ -305,11 +293,7 @@ def _views_written(impl, impl_cls: type, mod: types.ModuleType, c: Contract, kv_
     path = f"{impl_cls.__name__}.do_kv_cache_update"
     h, d = p.DIMS.kv_heads, p.DIMS.head_dim
     key = torch.zeros(len(p.SLOTS), h, d)
-    with contextlib.ExitStack() as stack:
-        for name in WRITE_OPS + ("triton_reshape_and_cache_flash_per_token_head_quant",):
-            if hasattr(mod, name) or name == "reshape_and_cache_flash":  # FLASH_ATTN imports it only with CUDA
-                stack.enter_context(p.patched(mod, name, record))
-        stack.enter_context(p.patched(torch.ops, "_C_cache_ops", types.SimpleNamespace(reshape_and_cache_flash=record)))
+    with p.write_ops(mod, record, WRITE_OPS + ("triton_reshape_and_cache_flash_per_token_head_quant",)):
         try:
             impl.do_kv_cache_update(p.layer(), key, key, kv_cache, torch.tensor(p.SLOTS))
         except p._Written:
@@ -337,7 +321,8 @@ def _shape_views(version: str, b: Backend, cls: type, cache_dtype: str, mod: typ
     takes_dtype = "cache_dtype_str" in inspect.signature(shape_fn).parameters
     if cache_dtype != "auto" and not takes_dtype and cache_dtype not in ("fp8_e4m3",):
         return
-    with _diff_kv_head(b, cls, d):
+    # The diff-KV backends keep V's head dim as class state (`head_size_v`), set by the model.
+    with p.patched(cls, "head_size_v", d.v_dim) if b.diff_kv else contextlib.nullcontext():
         args = (d.num_blocks, d.block_size, d.kv_heads, d.head_dim)
         shape = tuple(shape_fn(*args, cache_dtype_str=cache_dtype) if takes_dtype else shape_fn(*args))
         logical = axes(b, cache_dtype, shape, "get_kv_cache_shape")
@@ -361,27 +346,10 @@ def _shape_views(version: str, b: Backend, cls: type, cache_dtype: str, mod: typ
         c = contract(b, logical, p.physical(dict(zip(logical, kv_cache.stride()))),
                      f"vllm {version} {b.name} {setting}", cache_dtype)
         p.check_view(c, kv_cache, 0, d)
-        with p.env(SWITCH, setting.split("=")[-1], _caches()) if "=" in setting else _nothing():
+        with p.env(SWITCH, setting.split("=")[-1], _caches()) if "=" in setting else contextlib.nullcontext():
             write = _write(b, cls, mod, c, kv_cache, buf)
         yield setting, c, {"get_kv_cache_shape": list(shape), "cache_dtype_str_argument": takes_dtype,
                            "stride_order": list(order), "kv_cache": p.view_record(kv_cache), "write": write}
-
-
-class _diff_kv_head:
-    """The diff-KV backends keep V's head dim as class state (`head_size_v`), set by the model; set it to dims'."""
-
-    def __init__(self, b: Backend, cls: type, d: Dims):
-        self.cls, self.value = (cls, d.v_dim) if b.diff_kv else (None, None)
-
-    def __enter__(self):
-        if self.cls is not None:
-            self.old = vars(self.cls).get("head_size_v")
-            self.cls.head_size_v = self.value
-
-    def __exit__(self, *exc):
-        if self.cls is not None:
-            self.cls.head_size_v = self.old
-        return False
 
 
 # ---- importing a backend whose GPU library a CPU install lacks ---------------------------------------------------

@@ -95,9 +95,7 @@ def read(
     op = p.scatter(calls, stop=stop)
     origin = f"vllm {version} {be.get_name()}"
     contracts, settings = [], {}
-    with p.patched(fa, "reshape_and_cache_flash", op), p.patched(
-        torch.ops, "_C_cache_ops", types.SimpleNamespace(reshape_and_cache_flash=op)
-    ):
+    with p.write_ops(fa, op):
         if not stride_order:
             c, obs = _single(be, None, f"{origin} default", path, write, calls)
             contracts.append(c)

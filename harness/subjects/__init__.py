@@ -16,11 +16,12 @@ Not every subject is a kernel. A subject declares what it can do in `capabilitie
 A subject without the attribute is a kernel: split + forward. Each check declares what it needs (`NEEDS` in its
 module) and is generated only for subjects that have all of it; `supports` is optional outside kernels.
 
-K/V views come in the cache's view type (`Contract.view_dtype`: fp8 for fp8 caches, bytes for NVFP4) and width
+K/V views come in the cache's view type (`contract.dtype.view`: fp8 for fp8 caches, bytes for NVFP4) and width
 (`Contract.size`: the head dim plus an inline scale for per-token-head caches). A kernel that cannot read some cache
 dtypes or families says so in the optional `supports_contract(contract)` (a reason, or None): those examples are
-`unsupported`, never passes. A kernel without it is taken to read model-dtype caches only. A subject that only ever meets some backends' caches (a plugin of one backend)
-names them in an optional `backends` tuple; the other backends' geometries are then not its targets.
+`unsupported`, never passes. A kernel without it is taken to read model-dtype caches only. A subject that only ever
+meets some backends' caches (a plugin of one backend) names them in an optional `backends` tuple; the other
+backends' geometries are then not its targets.
 """
 
 from __future__ import annotations
