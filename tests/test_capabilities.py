@@ -39,7 +39,7 @@ FORWARD_CHECKS = {"bit-identity", "determinism", "oracle"}
 
 
 @pytest.fixture
-def host(pytester: pytest.Pytester) -> pytest.Pytester:
+def host(pytester: pytest.Pytester, not_a_worker) -> pytest.Pytester:
     pytester.makepyfile(consumer=CONSUMER)
     return pytester
 

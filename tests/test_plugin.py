@@ -62,7 +62,7 @@ FAMILIES = ("0.22.1", "0.25.1", "0.33.0")  # kv-first, blocks-first, packed
 
 
 @pytest.fixture
-def host(pytester: pytest.Pytester) -> pytest.Pytester:
+def host(pytester: pytest.Pytester, not_a_worker) -> pytest.Pytester:
     pytester.makepyfile(host_subject=HOST_SUBJECT)
     pytester.makepyfile(test_own="def test_own_thing():\n    assert 1 + 1 == 2\n")  # the project's own tests
     return pytester
@@ -160,11 +160,9 @@ def pytest_configure(config):  # after xdist's: what it made of -n, then stop be
 
 @pytest.mark.parametrize("args, want", [((), "XDIST 6 load 6"), (("-n", "0"), "XDIST 0 no 0"),
                                         (("-n", "1"), "XDIST 1 load 1")])
-def test_on_gpus_no_n_means_workers_per_gpu_and_xdist_starts_them(host, monkeypatch, args, want):
+def test_on_gpus_no_n_means_workers_per_gpu_and_xdist_starts_them(host, args, want):
     # The worker count must be set before xdist's own pytest_cmdline_main turns -n into its worker list, also when
     # kvconform is loaded before xdist (`-p kvconform`, as this repository's pyproject does).
-    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):  # this test may itself run in a worker
-        monkeypatch.delenv(name, raising=False)
     host.makeconftest("import harness.devices, torch\nharness.devices.gpus = lambda: 2  # a two-GPU host\n"
                       "torch.cuda.set_device = lambda device: None\n")
     host.makepyfile(reports_xdist=REPORTS_XDIST)
