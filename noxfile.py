@@ -9,9 +9,11 @@
     nox -s nightly                                vLLM main from matrix.toml's [nightly] index (or KVCONFORM_NIGHTLY_INDEX)
     nox -s report | bench | bench_suites | mutants
 
-Each release's session runs on the python matrix.toml gives it (nox finds it on PATH, or has uv download it). Torch
-is uv's choice, steered by uv's own settings: PyPI's build by default, UV_TORCH_BACKEND=cpu (cu128, ...) for the
-PyTorch index's, UV_FIND_LINKS for a folder of wheels (.ci/run sets what this project's CI machines need).
+Each release's session runs on the newest python on PATH in the range matrix.toml gives the release (harness.matrix
+chooses it; `python -m harness.matrix --pythons` shows the choices); a release with none there fails its session as
+an install-error rather than being skipped. Torch is uv's choice, steered by uv's own settings: PyPI's build by
+default, UV_TORCH_BACKEND=cpu (cu128, ...) for the PyTorch index's, UV_FIND_LINKS for a folder of wheels (.ci/run
+sets what this project's CI machines need).
 A vLLM venv is ~9 GB: KVCONFORM_DROP_VENV=1 or the posarg --drop-venv removes a session's venv when it ends.
 """
 
@@ -34,8 +36,22 @@ from harness import matrix, results  # noqa: E402
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
+# A session's python is a path harness.matrix found; should nox still not find it, that is a failure, never a skip.
+nox.options.error_on_missing_interpreters = True
 
 RELEASES = [r for r in matrix.load() if not r.nightly]
+FOUND = matrix.interpreters()
+
+
+def _python(r: matrix.Release) -> str | bool:
+    """The python of a release's session. Without one in its range: False, nox's session without a venv, so that the
+    session still runs and records the install-error (nox would skip a session whose interpreter it lacks)."""
+    found = r.interpreter(FOUND)
+    return found.executable if found else False
+
+
+def _no_python(r: matrix.Release) -> str:
+    return f"no python in {r.python} (matrix.toml's range for vllm {r.name}); {FOUND.describe()}"
 
 
 @contextlib.contextmanager
@@ -76,6 +92,10 @@ def _install_vllm(session: nox.Session, release: matrix.Release, *extra: str) ->
 
 
 def _conformance(session: nox.Session, release: matrix.Release, *extra: str) -> None:
+    if session.python is False:
+        _install_error(release.name, _no_python(release))
+        session.error(f"install-error: vllm {release.name}: {_no_python(release)}")
+    session.log(f"vllm {release.name} on {session.python} (matrix.toml's range: python {release.python})")
     with _posargs(session) as args:
         _install_vllm(session, release, *extra)
         junit = ROOT / "results" / release.name / "junit.xml"
@@ -83,14 +103,14 @@ def _conformance(session: nox.Session, release: matrix.Release, *extra: str) -> 
 
 
 @nox.session(tags=["matrix"])
-@nox.parametrize(("python", "release"), [nox.param(r.python, r.name, id=f"release={r.name!r}")
+@nox.parametrize(("python", "release"), [nox.param(_python(r), r.name, id=f"release={r.name!r}")
                                          for r in RELEASES if r.default])
 def conformance(session: nox.Session, release: str) -> None:
     """The default subset: the newest release of each contract era."""
     _conformance(session, matrix.get(release))
 
 
-@nox.session(python=matrix.get("main").python)
+@nox.session(python=_python(matrix.get("main")))
 def nightly(session: nox.Session) -> None:
     """vLLM main from the nightly index: conformance, and the live probe's drift check against main.json."""
     _conformance(session, matrix.get("main"), *matrix.install_args(matrix.nightly_index()))
@@ -124,15 +144,22 @@ def probe(session: nox.Session) -> None:
     failures, times = [], []
     for name in names:
         r = matrix.get(name)
+        python = r.interpreter(FOUND)
+        if python is None:
+            _install_error(name, _no_python(r))
+            session.warn(f"install-error: vllm {name}: {_no_python(r)}")
+            failures.append(f"{name} (install-error: no python in {r.python})")
+            continue
         venv, cache = base / f"probe-{name}", base / f"cache-{name}"
         extra = matrix.install_args(matrix.nightly_index()) if r.nightly else []
         try:
             _remove(session, cache)
-            cold = _timed_install(session, r, venv, cache, extra)
-            warm = _timed_install(session, r, venv, cache, extra)
-            times.append(f"vllm {name}: install cold {cold:.1f} s, warm {warm:.1f} s")
+            cold = _timed_install(session, r, python, venv, cache, extra)
+            warm = _timed_install(session, r, python, venv, cache, extra)
+            times.append(f"vllm {name}: install cold {cold:.1f} s, warm {warm:.1f} s on python {python.version}")
             session.log(times[-1])
-            facts = {"cold_s": round(cold, 1), "warm_s": round(warm, 1), "python": r.python, "pins": list(r.pins)}
+            facts = {"cold_s": round(cold, 1), "warm_s": round(warm, 1), "python": python.version,
+                     "pins": list(r.pins)}
             cmd = [str(venv / "bin" / "python"), "-m", "harness.probe", "--release", name, "--install", json.dumps(facts)]
             session.run(*cmd, *(["--check"] if check else []), env={"PYTHONPATH": str(ROOT)})
         except nox.command.CommandFailed as e:
@@ -150,11 +177,12 @@ def _remove(session: nox.Session, *paths: Path) -> None:
     session.run("rm", "-rf", *map(str, paths), external=True, silent=True)
 
 
-def _timed_install(session: nox.Session, r: matrix.Release, venv: Path, cache: Path, extra: list[str]) -> float:
+def _timed_install(session: nox.Session, r: matrix.Release, python: matrix.Interpreter, venv: Path, cache: Path,
+                   extra: list[str]) -> float:
     _remove(session, venv)
     start = time.perf_counter()
     env = {"UV_CACHE_DIR": str(cache)}
-    session.run("uv", "venv", "-q", "--python", r.python, str(venv), env=env, external=True)
+    session.run("uv", "venv", "-q", "--python", python.executable, str(venv), env=env, external=True)
     try:
         session.run("uv", "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *extra, *r.requirements,
                     env=env, external=True)
@@ -201,7 +229,7 @@ def _release_session(r: matrix.Release) -> None:
         _conformance(session, r)
 
     release_session.__doc__ = "Outside the default subset."
-    nox.session(name=f"conformance(release={r.name!r})", python=r.python, tags=["matrix"])(release_session)
+    nox.session(name=f"conformance(release={r.name!r})", python=_python(r), tags=["matrix"])(release_session)
 
 
 for _r in RELEASES:

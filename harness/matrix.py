@@ -1,23 +1,33 @@
 """The release matrix (matrix.toml at the repository root).
 
 `python -m harness.matrix --json [--default]` prints the release names as a JSON list (a CI job matrix);
-`python -m harness.matrix --newest` the newest PyPI release (what CI probes live).
+`python -m harness.matrix --newest` the newest PyPI release (what CI probes live); `python -m harness.matrix
+--pythons` each release's python range and the interpreter on PATH its sessions would use.
+
+Interpreters: a release's sessions run on the newest python found on PATH within its range (see `interpreters`).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
+
+if TYPE_CHECKING:
+    from packaging.specifiers import SpecifierSet
 
 PATH = Path(__file__).resolve().parent.parent / "matrix.toml"
 
@@ -27,7 +37,7 @@ class Release:
     """One matrix entry: a vLLM version on PyPI, or `main` from the nightly index."""
 
     name: str
-    python: str
+    python: str  # the range of Pythons its sessions may run on (PEP 440, e.g. ">=3.10,<3.13")
     torch: str
     era: str
     default: bool
@@ -46,6 +56,136 @@ class Release:
     def requirements(self) -> tuple[str, ...]:
         """The vLLM requirement plus the release's pins, as passed to the installer."""
         return (self.requirement, *self.pins)
+
+    @property
+    def python_range(self) -> SpecifierSet:
+        try:
+            return python_range(self.python)
+        except ValueError as e:
+            raise ValueError(f"release {self.name}: {e}") from None
+
+    def interpreter(self, found: Interpreters) -> Interpreter | None:
+        """The interpreter this release's sessions run on: the newest of `found` in its range (None: none here)."""
+        return found.newest(self.python_range)
+
+
+def python_range(text: str) -> SpecifierSet:
+    """`text` as a range of Python versions. An empty range is refused: it would admit any interpreter, also one
+    the release cannot install on."""
+    # Imported here rather than at the top: `python -m harness.matrix --json` runs on a bare python (CI's plan job),
+    # and only choosing interpreters needs packaging (nox and kvconform both depend on it).
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        spec = SpecifierSet(text)
+    except InvalidSpecifier:
+        spec = None
+    if spec is None or len(spec) == 0:
+        raise ValueError(f"python {text!r} is not a range of Python versions, e.g. '>=3.10,<3.13'")
+    return spec
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """A python that answered: its version (PEP 440: 3.11.7, 3.14.0rc1) and the executable it reports."""
+
+    version: str
+    executable: str
+
+    def __str__(self) -> str:
+        return f"{self.version} ({self.executable})"
+
+
+@dataclass(frozen=True)
+class Interpreters:
+    """What a search of PATH found: the interpreters that answered, newest first (equal versions in PATH order, so
+    the choice is the same on every run), and the candidate files that did not answer."""
+
+    found: tuple[Interpreter, ...]
+    unanswered: tuple[str, ...] = ()
+
+    def newest(self, spec: SpecifierSet | str) -> Interpreter | None:
+        """The newest interpreter `spec` admits (pre-releases only where `spec` names one), or None."""
+        spec = python_range(spec) if isinstance(spec, str) else spec
+        return next((i for i in self.found if spec.contains(i.version)), None)
+
+    def describe(self) -> str:
+        """The search's result in words, for errors that say why no interpreter fits."""
+        found = ", ".join(map(str, self.found)) or "none"
+        silent = ""
+        if self.unanswered:
+            silent = f"; on PATH but not answering (pyenv shims of versions not selected?): {', '.join(self.unanswered)}"
+        return f"interpreters found on PATH: {found}{silent}"
+
+
+_CANDIDATE = re.compile(r"python3(?:\.(\d+))?")
+# Five numbers and words of sys.version_info, then sys.executable: the real interpreter behind a shim or link.
+_ASK = "import sys; print(*sys.version_info[:5]); print(sys.executable)"
+_LEVELS = {"alpha": "a", "beta": "b", "candidate": "rc"}
+
+
+def interpreters(path: str | None = None) -> Interpreters:
+    """Every `python3` and `python3.N` on `path` (default: $PATH) that answers when asked for its version.
+
+    Every directory counts, not only the first file of a name that a shell would run: a pyenv shim of a version not
+    selected through PYENV_VERSION fails, and must not hide a working python3.12 later on PATH. Files that fail or
+    hang are kept as `unanswered`, for errors; an interpreter reached under several names counts once. The result is
+    cached per path: the noxfile asks for every release's interpreter each time it loads."""
+    return _interpreters(os.environ.get("PATH", "") if path is None else path)
+
+
+@functools.cache
+def _interpreters(path: str) -> Interpreters:
+    from packaging.version import Version
+
+    files, seen = [], set()
+    for folder in filter(None, path.split(os.pathsep)):
+        try:
+            names = [n for n in os.listdir(folder) if _CANDIDATE.fullmatch(n)]
+        except OSError:
+            continue
+        for name in sorted(names, key=_newest_name_first):
+            file = os.path.join(folder, name)
+            real = os.path.realpath(file)
+            if real not in seen and os.path.isfile(file) and os.access(file, os.X_OK):
+                seen.add(real)
+                files.append(file)
+    # A pyenv shim takes ~0.3 s to answer and a PATH holds a dozen: ask them at once.
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(_ask, files))
+    found, unanswered, executables = [], [], set()
+    for file, answer in zip(files, answers):
+        if answer is None:
+            unanswered.append(file)
+        elif os.path.realpath(answer.executable) not in executables:
+            executables.add(os.path.realpath(answer.executable))
+            found.append(answer)
+    found.sort(key=lambda i: Version(i.version), reverse=True)  # stable: equal versions stay in PATH order
+    return Interpreters(tuple(found), tuple(unanswered))
+
+
+def _newest_name_first(name: str) -> tuple[int, str]:
+    minor = _CANDIDATE.fullmatch(name).group(1)
+    return (-int(minor) if minor else 1, name)
+
+
+def _ask(file: str) -> Interpreter | None:
+    try:
+        done = subprocess.run([file, "-I", "-c", _ASK], capture_output=True, text=True, timeout=30,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or len(lines) < 2:
+        return None
+    try:
+        major, minor, micro, level, serial = lines[0].split()
+        version = f"{int(major)}.{int(minor)}.{int(micro)}"
+        if level != "final":
+            version += f"{_LEVELS[level]}{int(serial)}"
+    except (ValueError, KeyError):
+        return None
+    return Interpreter(version, lines[1].strip() or file)
 
 
 def version_key(name: str) -> tuple:
@@ -101,10 +241,16 @@ def main(argv: list[str]) -> int:
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--json", action="store_true", help="print release names as a JSON list")
     what.add_argument("--newest", action="store_true", help="print the newest PyPI release (CI probes it live)")
+    what.add_argument("--pythons", action="store_true", help="print each release's python range and interpreter")
     ap.add_argument("--default", action="store_true", help="with --json: only the default subset")
     args = ap.parse_args(argv)
     if args.newest:
         print([r.name for r in load() if not r.nightly][-1])
+    elif args.pythons:
+        found = interpreters()
+        for r in load():
+            print(f"{r.name}: python {r.python} -> {r.interpreter(found) or 'none'}")
+        print(found.describe())
     else:
         print(json.dumps([r.name for r in (default() if args.default else load())]))
     return 0

@@ -1,8 +1,11 @@
-"""matrix.toml loading, the CI job-matrix command, and `main` taken from a local stand-in for the nightly index."""
+"""matrix.toml loading, each release's python range and the interpreter chosen for it, the CI job-matrix command, and
+`main` taken from a local stand-in for the nightly index."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -111,54 +114,83 @@ def test_pins_travel_with_the_release_requirement():
     assert matrix.get("0.33.0").requirements == ("vllm==0.33.0",)
 
 
-def _nox_sessions(noxfile: Path, *select: str) -> list[dict]:
-    """The sessions `nox -l --json` selects with `select` (-s NAME, -t TAG) in `noxfile`: no venv is made."""
-    nox = shutil.which("nox")
-    if nox is None:
-        pytest.skip("nox is not on PATH (the sessions' layout is checked where nox runs the tests)")
-    done = subprocess.run([nox, "-f", str(noxfile), "-l", "--json", *select], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout)
+def test_every_release_names_a_python_range_from_its_requires_python():
+    releases = {r.name: r.python_range for r in matrix.load()}
+    assert all("3.11" in spec for spec in releases.values()), "every release accepts 3.11 (matrix.toml says so)"
+    assert "3.12.1" in releases["0.8.5.post1"] and "3.13.0" not in releases["0.8.5.post1"]
+    assert "3.13.0" in releases["0.19.1"] and "3.14.0" not in releases["0.19.1"]
+    assert "3.10.13" not in releases["0.33.0"] and "3.14.2" in releases["0.33.0"]
+    assert releases["main"] == releases["0.33.0"]
 
 
-def _session(name: str) -> str:
-    return f"conformance(release={name!r})"
+@pytest.mark.parametrize("text", ["3.12", "", "python3.12", ">=3.10;<3.13"])
+def test_a_python_that_is_not_a_range_is_refused_naming_the_release(text):
+    r = matrix.Release("0.9.2", text, "2.7.0", "era_stride", False)
+    with pytest.raises(ValueError, match=rf"release 0\.9\.2: python '{re.escape(text)}' is not a range"):
+        r.interpreter(matrix.Interpreters(()))
 
 
-@pytest.fixture
-def noxfile_with_pythons(tmp_path):
-    """The noxfile and harness beside a matrix.toml whose pythons differ per release (nox -l resolves none)."""
-    shutil.copy(REPO / "noxfile.py", tmp_path)
-    shutil.copytree(REPO / "harness", tmp_path / "harness", ignore=shutil.ignore_patterns("__pycache__"))
-    pythons = {"0.8.5.post1": "3.10", "0.9.2": "3.11", "0.33.0": "3.13", "main": "3.14"}
-    text = (REPO / "matrix.toml").read_text()
-    for name, python in pythons.items():
-        old = f'name = "{name}"\npython = "3.12"\n'
-        assert old in text, f"matrix.toml's entry for {name} no longer reads {old!r}"
-        text = text.replace(old, f'name = "{name}"\npython = "{python}"\n')
-    (tmp_path / "matrix.toml").write_text(text)
-    return tmp_path / "noxfile.py", matrix.load(tmp_path / "matrix.toml")
+def fake_python(folder: Path, name: str, version: str = "", executable: str = "") -> Path:
+    """An executable `name` in `folder` that answers the interpreter question as a python of `version` would
+    (`version` like "3.12.4" or "3.14.0 candidate 1"), reporting `executable` (default: itself) as sys.executable;
+    without a version it fails as a pyenv shim of an unselected version does."""
+    folder.mkdir(parents=True, exist_ok=True)
+    file = folder / name
+    if version:
+        major, minor, micro, *level = version.replace(".", " ").split()
+        info = f"{major} {minor} {micro} {' '.join(level) if level else 'final 0'}"
+        file.write_text(f"#!/bin/sh\necho '{info}'\necho '{executable or file}'\n")
+    else:
+        file.write_text(f"#!/bin/sh\necho 'pyenv: {name}: command not found' >&2\nexit 127\n")
+    file.chmod(0o755)
+    return file
 
 
-def test_plain_conformance_runs_only_the_default_subset_each_on_its_python(noxfile_with_pythons):
-    noxfile, releases = noxfile_with_pythons
-    got = [(s["session"], s["python"]) for s in _nox_sessions(noxfile, "-s", "conformance")]
-    assert got == [(_session(r.name), r.python) for r in releases if r.default]
-    assert ("conformance(release='0.33.0')", "3.13") in got and ("conformance(release='0.8.5.post1')", "3.10") in got
+def test_interpreters_are_the_pythons_on_path_that_answer_newest_first(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    shim = fake_python(a, "python3.12")
+    p311 = fake_python(a, "python3.11", "3.11.7")
+    fake_python(a, "python3", "3.11.7", executable=str(p311))  # the same interpreter under another name
+    p312 = fake_python(b, "python3.12", "3.12.4")  # a working 3.12 behind the failing shim
+    p310 = fake_python(b, "python3.10", "3.10.13")
+    fake_python(b, "python3.14", "3.14.0 candidate 1")
+    fake_python(b, "python3.13t", "3.13.1")  # not a name looked for
+    (b / "python3.9").write_text("not executable")
+    found = matrix.interpreters(os.pathsep.join([str(a), str(tmp_path / "missing"), str(b)]))
+    assert [(i.version, i.executable) for i in found.found] == [
+        ("3.14.0rc1", str(b / "python3.14")), ("3.12.4", str(p312)), ("3.11.7", str(p311)), ("3.10.13", str(p310))]
+    assert found.unanswered == (str(shim),)
+    assert found.newest(">=3.10,<3.13").executable == str(p312)
+    assert found.newest("<3.12").executable == str(p311)
+    assert found.newest(">=3.14") is None, "a pre-release only for a range that names one"
+    assert found.newest(">=3.14.0rc1").version == "3.14.0rc1"
+    assert found.newest(">=3.15") is None
+    text = found.describe()
+    assert "3.12.4 (" in text and str(shim) in text and "not answering" in text
 
 
-def test_every_release_is_a_session_by_its_name_on_its_python(noxfile_with_pythons):
-    noxfile, releases = noxfile_with_pythons
-    every = {s["session"]: s["python"] for s in _nox_sessions(noxfile, "-t", "matrix")}
-    assert every == {_session(r.name): r.python for r in releases if not r.nightly}
-    # One outside the default subset, by the name the README gives (either quoting), on matrix.toml's python.
-    for name in ("conformance(release='0.9.2')", 'conformance(release="0.9.2")'):
-        assert [(s["session"], s["python"]) for s in _nox_sessions(noxfile, "-s", name)] == [(_session("0.9.2"), "3.11")]
-    assert [s["python"] for s in _nox_sessions(noxfile, "-s", "nightly")] == ["3.14"]
+def test_equal_versions_are_chosen_in_path_order(tmp_path):
+    first = fake_python(tmp_path / "first", "python3.12", "3.12.4")
+    fake_python(tmp_path / "second", "python3.12", "3.12.4")
+    path = os.pathsep.join([str(tmp_path / "first"), str(tmp_path / "second")])
+    assert [matrix.interpreters(path).newest(">=3.10").executable for _ in range(3)] == [str(first)] * 3
+    assert len(matrix.interpreters(path).found) == 2
 
 
-def test_the_repository_noxfile_has_the_readme_sessions():
-    others = ["tests", "replay", "probe", "nightly", "report", "bench", "bench_suites", "mutants"]
-    got = {s["session"] for s in _nox_sessions(REPO / "noxfile.py", "-s", "conformance", *others)}
-    assert got == {*others, *(_session(r.name) for r in matrix.default())}
+def test_a_release_runs_on_the_newest_python_in_its_range_or_none(tmp_path):
+    for name, version in [("python3.10", "3.10.13"), ("python3.12", "3.12.4"), ("python3.13", "3.13.1")]:
+        fake_python(tmp_path, name, version)
+    found = matrix.interpreters(str(tmp_path))
+    pick = {r.name: r.interpreter(found) for r in matrix.load()}
+    assert pick["0.8.5.post1"].version == "3.12.4"  # < 3.13
+    assert pick["0.11.2"].version == pick["0.33.0"].version == "3.13.1"
+    assert matrix.interpreters("").newest(">=3.10") is None
+    none = matrix.Release("0.33.0", ">=3.14", "2.14.0", "era_enum", True)
+    assert none.interpreter(found) is None
+
+
+def test_pythons_command_prints_each_release_s_choice(tmp_path):
+    fake_python(tmp_path, "python3.11", "3.11.7")
+    out = subprocess.run([sys.executable, "-m", "harness.matrix", "--pythons"], cwd=REPO, capture_output=True,
+                         text=True, check=True, env={**os.environ, "PATH": str(tmp_path)}).stdout
+    assert f"0.33.0: python >=3.11,<3.15 -> 3.11.7 ({tmp_path / 'python3.11'})" in out.splitlines()
