@@ -112,14 +112,14 @@ class Interpreters:
     def describe(self) -> str:
         """The search's result in words, for errors that say why no interpreter fits."""
         found = ", ".join(map(str, self.found)) or "none"
-        silent = ""
-        if self.unanswered:
-            silent = f"; on PATH but not answering (pyenv shims of versions not selected?): {', '.join(self.unanswered)}"
+        silent = ", ".join(self.unanswered)
+        silent = f"; on PATH but not answering (pyenv shims of versions not selected?): {silent}" if silent else ""
         return f"interpreters found on PATH: {found}{silent}"
 
 
 _CANDIDATE = re.compile(r"python3(?:\.(\d+))?")
-# Five numbers and words of sys.version_info, then sys.executable: the real interpreter behind a shim or link.
+# sys.version_info's five fields ("3 11 7 final 0"), then sys.executable: the real interpreter behind a shim or link,
+# which the venv is made from (a shim answers only while its version stays selected).
 _ASK = "import sys; print(*sys.version_info[:5]); print(sys.executable)"
 _LEVELS = {"alpha": "a", "beta": "b", "candidate": "rc"}
 
