@@ -5,8 +5,10 @@ A Triton compile costs seconds of CPU; a load from the disk cache costs millisec
 own cache layer (`TRITON_CACHE_MANAGER` names `CountingCacheManager`): a compiled kernel is stored as one group of
 files (`put_group`), a cached one is found as that group (`get_group`), so the two counts are exact whatever
 decides to compile. The warm-up runs a subject's paged and dense forwards over small cases that span every
-compile-time choice (`harness.strategies.warmup_shards`), spread over processes, one shard per process: Triton
-compiles one kernel at a time per process, so processes are how compiles run in parallel. A warm-up that ended
+compile-time choice (`harness.strategies.warmup_shards`) in one geometry per K/V element type the session's caches
+hand the kernels (`forwards`: what the forward checks launch), spread over processes, one shard and geometry per
+process: Triton compiles one kernel at a time per process, so processes are how compiles run in parallel.
+`launch_key` says what one launch compiles, read from its arguments as Triton's specialisation reads them. A warm-up that ended
 without errors leaves a marker in the Triton cache named by its fingerprint; a later one with the same fingerprint
 has nothing to build and is skipped (whatever is missing after all is compiled by the examples, and counted).
 """
@@ -25,8 +27,9 @@ import torch
 import triton
 from triton.runtime.cache import FileCacheManager
 
+from harness.cache import Paging, filled, paging
 from harness.cases import Case
-from harness.contract import Contract
+from harness.contract import Contract, Dims
 
 MANAGER = f"{__name__}:CountingCacheManager"
 _counts = {"compiled": 0, "loaded": 0}
@@ -84,13 +87,13 @@ class Warmup:
         return text
 
 
-def fingerprint(subject: object, case_shards: list[list[Case]], devices: list[str]) -> str:
+def fingerprint(subject: object, case_shards: list[list[Case]], contracts: list[Contract], devices: list[str]) -> str:
     """What a warm-up builds depends on: the subject's module source and version (if it has one), the cases, the
-    kinds of device (not how many), Triton and torch. A kernel changed outside the subject's module without a version change is not
+    geometries' cache dtypes, the kinds of device (not how many), Triton and torch. A kernel changed outside the subject's module without a version change is not
     seen: its variants are then compiled by the examples, and counted."""
     module = inspect.getmodule(type(subject))
     parts = [type(subject).__qualname__, inspect.getsource(module) if module else "", str(getattr(subject, "version", "")),
-             repr(case_shards), triton.__version__, torch.__version__,
+             repr(case_shards), *(c.cache_dtype for c in contracts), triton.__version__, torch.__version__,
              *sorted({torch.cuda.get_device_name(d) if d.startswith("cuda") else d for d in devices})]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
@@ -99,13 +102,15 @@ def _marker(key: str) -> Path:
     return Path(triton.knobs.cache.dir) / "kvconform-warmup" / key
 
 
-def warm(subject: str, case_shards: list[list[Case]], contract: Contract, devices: list[str],
+def warm(subject: str, case_shards: list[list[Case]], contracts: list[Contract], devices: list[str],
          processes: int, key: str = "") -> Warmup:
     """Run the forwards of the subject named `subject` (harness.subjects.load_subject) over every case, in shards
-    that share compiled variants, in `contract`'s geometry: `processes` at a time, shard i on devices[i % len].
-    With a `key` (fingerprint), skipped where a warm-up of that key finished before in this Triton cache."""
+    that share compiled variants, in each of `contracts`' geometries: `processes` at a time, job i on
+    devices[i % len]. With a `key` (fingerprint), skipped where a warm-up of that key finished before in this
+    Triton cache."""
     start = time.perf_counter()
-    jobs = [(subject, shard, contract, devices[i % len(devices)]) for i, shard in enumerate(case_shards) if shard]
+    pairs = [(shard, c) for c in contracts for shard in case_shards if shard]
+    jobs = [(subject, shard, c, devices[i % len(devices)]) for i, (shard, c) in enumerate(pairs)]
     if key and _marker(key).exists():
         return Warmup(sum(len(j[1]) for j in jobs), Counts(), 0, 0.0, skipped=True)
     processes = max(1, min(processes, len(jobs)))
@@ -122,11 +127,62 @@ def warm(subject: str, case_shards: list[list[Case]], contract: Contract, device
     return Warmup(sum(len(j[1]) for j in jobs), total, processes, time.perf_counter() - start, tuple(errors))
 
 
-def _warm_shard(job: tuple[str, list[Case], Contract, str]) -> tuple[Counts, list[str]]:
-    import torch
+def forwards(subject: object, case: Case, contract: Contract, dims: Dims, pages: Paging, q: torch.Tensor,
+             k: torch.Tensor, v: torch.Tensor) -> None:
+    """The launches of one example of the forward checks: the dense forward over token rows k, v as `contract`
+    stores them, and the paged forward over the subject's split of a kv_cache holding them (the oracle's dense
+    forward over model-dtype rows is the model-dtype contract's)."""
+    k, v = contract.stored(k), contract.stored(v)
+    tile = subject.tile_config(case)
+    subject.dense_forward(case, q, k, v, tile)
+    keys, values = subject.split(filled(contract, dims, pages, k, v), contract)
+    subject.paged_forward(case, q, keys, values, pages, tile)
 
-    from harness.cache import filled, paging
-    from harness.contract import Dims
+
+def launch_key(kernel: object, args: tuple, kwargs: dict) -> tuple:
+    """What Triton compiles one launch `kernel[grid](*args, **kwargs)` for: each constexpr's value; each tensor's
+    element type and whether its address is 16-byte aligned; each other argument's type, and for an integer Triton
+    specialises on, whether it is 1 or a multiple of 16; the launch options. Read from the arguments, as Triton's
+    specialisation reads them, so that what a subject says of its variants is not taken on trust. A meta tensor's
+    alignment is its offset's (the allocators' bases are aligned far beyond 16 bytes)."""
+    names, constexpr, fixed = _params(kernel)
+    bound = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in names}
+    key = []
+    for name in names:
+        value = bound.get(name)
+        if name in constexpr:
+            key.append((name, value))
+        elif isinstance(value, torch.Tensor):
+            addr = (value.storage_offset() * value.element_size() if value.is_meta else value.data_ptr())
+            key.append((name, str(value.dtype), name in fixed or addr % 16 == 0))
+        elif isinstance(value, bool):
+            key.append((name, "i1"))
+        elif isinstance(value, int):
+            width = "i32" if -2**31 <= value < 2**31 else "u64" if value >= 2**63 else "i64"
+            key.append((name, width) if name in fixed else (name, width, value == 1, value % 16 == 0))
+        else:
+            key.append((name, type(value).__name__))
+    options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in names))
+    return (getattr(kernel, "__name__", None) or kernel.fn.__name__, tuple(key), options)
+
+
+def _params(kernel: object) -> tuple[list[str], set[str], set[str]]:
+    # A compiled kernel (JITFunction) lists its parameters; the interpreter's function keeps the Python one.
+    if hasattr(kernel, "params"):
+        return ([p.name for p in kernel.params], {p.name for p in kernel.params if p.is_constexpr},
+                {p.name for p in kernel.params if p.do_not_specialize})
+    sig = inspect.signature(kernel.fn)
+    return (list(sig.parameters), {n for n, p in sig.parameters.items() if "constexpr" in str(p.annotation)},
+            set(kernel.kwargs.get("do_not_specialize") or ()))
+
+
+def warm_paging(case: Case) -> tuple[Dims, Paging]:
+    """The cache size and page table a warm-up case runs in: exactly the pages it needs, in order."""
+    dims = Dims(case.blocks_needed(), case.block_size, case.kv_heads, case.head_dim)
+    return dims, paging(case.kv_lens, case.block_size, dims.num_blocks, "sequential")
+
+
+def _warm_shard(job: tuple[str, list[Case], Contract, str]) -> tuple[Counts, list[str]]:
     from harness.subjects import load_subject
 
     subject_name, shard, contract, device = job
@@ -138,14 +194,8 @@ def _warm_shard(job: tuple[str, list[Case], Contract, str]) -> tuple[Counts, lis
         if subject.supports(case):
             continue
         try:
-            q, k, v = case.inputs(device)
-            tile = subject.tile_config(case)
-            subject.dense_forward(case, q, k, v, tile)
-            dims = Dims(case.blocks_needed(), case.block_size, case.kv_heads, case.head_dim)
-            pages = paging(case.kv_lens, case.block_size, dims.num_blocks, "sequential").to(device)
-            kv_cache = filled(contract, dims, pages, k, v)
-            keys, values = subject.split(kv_cache, contract)
-            subject.paged_forward(case, q, keys, values, pages, tile)
+            dims, pages = warm_paging(case)
+            forwards(subject, case, contract, dims, pages.to(device), *case.inputs(device))
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - a warm-up never decides an outcome; the examples do

@@ -61,14 +61,25 @@ def releases(root: Path = ROOT) -> list[str]:
     return sorted((p.stem for p in root.glob("*.json")), key=version_key)
 
 
+class BadRecording(ValueError):
+    """A recording file that cannot be read as one (a usage error: nothing of its release can be checked)."""
+
+
 def load(release: str, root: Path = ROOT) -> Recording:
-    """The recorded contracts of `release`; ContractError when there is no recording."""
+    """The recorded contracts of `release`; ContractError when there is no recording, BadRecording (naming the file,
+    and the line where the parser knows it) when the file is not a recording."""
     p = path(release, root)
     if not p.exists():
         raise ContractError(f"no recorded contracts for vllm {release} ({p} missing); run `nox -s probe -- {release}`")
-    rec = Recording.from_json(json.loads(p.read_text()))
+    try:
+        rec = Recording.from_json(json.loads(p.read_text()))
+    except json.JSONDecodeError as e:
+        raise BadRecording(f"{p}:{e.lineno}:{e.colno}: not a recording: invalid JSON ({e.msg}); re-record it with "
+                           f"`nox -s probe -- {release}`") from None
+    except (ContractError, AttributeError, TypeError, ValueError) as e:
+        raise BadRecording(f"{p}: not a recording: {e}") from None
     if rec.release != release:
-        raise ContractError(f"{p} records release {rec.release!r}, not {release!r}")
+        raise BadRecording(f"{p} records release {rec.release!r}, not {release!r}")
     return rec
 
 
@@ -82,11 +93,28 @@ def save(recording: Recording, root: Path = ROOT) -> Path:
 def drift(recorded: Recording, live: Recording) -> list[str]:
     """Readable differences between two recordings' contracts; empty when the release's contract is unchanged.
 
-    Only contracts are compared (a nightly build is checked against the `main` recording under its own version).
-    Contracts are matched by origin (the switch setting they were read under), so a change reads as
-    "HND single-layer: physical order B.KV.H.N.D -> B.KV.N.H.D" rather than as one removal plus one addition.
+    Contracts are compared (a nightly build is checked against the `main` recording under its own version), and
+    so is whether each backend could be read: a backend the live probe could not import or read is one line naming
+    it and the error, in place of a "contract gone" line per contract the recording has from it; a recording that
+    could not read that backend either is no drift. Contracts are matched by origin (the switch setting they were
+    read under), so a change reads as "HND single-layer: physical order B.KV.H.N.D -> B.KV.N.H.D" rather than as
+    one removal plus one addition.
     """
-    out = []
+    out, unread = [], set()
+    was = recorded.observations.get("backends", {})
+    counts: dict[str, int] = {}
+    for c in recorded.contracts:
+        counts[c.origin.backend_name] = counts.get(c.origin.backend_name, 0) + 1
+    for name, seen in sorted(live.observations.get("backends", {}).items()):
+        before = was.get(name, {})
+        unreadable = seen.get("read") is False and before.get("read") is not False
+        # On a carried subset of a release a module left out looks absent from the release: read None, present False.
+        vanished = seen.get("read") is None and before.get("read") is True
+        if unreadable or vanished:
+            unread.add(name)
+            n = counts.get(name, 0)
+            had = f"; the recording read {n} contract{'s' * (n != 1)} from it" if n else ""
+            out.append(f"backend {name} could not be imported or read: {seen.get('why', 'no reason recorded')}{had}")
     old = {_setting(c): c for c in recorded.contracts}
     new = {_setting(c): c for c in live.contracts}
     for key in sorted(old.keys() | new.keys()):
@@ -94,7 +122,8 @@ def drift(recorded: Recording, live: Recording) -> list[str]:
         if a is None:
             out.append(f"{key}: new contract {b.describe()}")
         elif b is None:
-            out.append(f"{key}: contract gone (was {a.describe()})")
+            if a.origin.backend_name not in unread:
+                out.append(f"{key}: contract gone (was {a.describe()})")
         else:
             out.extend(f"{key}: {line}" for line in _contract_diff(a, b))
     return out

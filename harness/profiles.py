@@ -2,14 +2,12 @@
 they must not collide with a host project's): kvconform-dev, kvconform-ci, kvconform-gpu, kvconform-nightly.
 
 Examples per (release, geometry, check). ci: the CPU interpreter, every recorded release within CI's budget (see
-docs/suites.md for the measured cost); gpu: one H200, >= 2,000 examples per release; nightly: more. No deadline on
-CPU (the interpreter's speed depends on the machine's load); on GPU a generous one that a first compile of a new
-constexpr combination (seconds) stays under, so that only a hang or a pathological slow-down trips.
+docs/suites.md for the measured cost); gpu: one H200, >= 2,000 examples per release; nightly: more. No deadline in
+any: an example's time is never a verdict (a first compile, a cold cache or a loaded host slows one down with
+nothing wrong); a hang ends at the per-item limit instead (harness.limits, --kvconform-timeout).
 """
 
 from __future__ import annotations
-
-from datetime import timedelta
 
 from hypothesis import HealthCheck, settings
 
@@ -17,8 +15,8 @@ PREFIX = "kvconform-"
 PROFILES = {
     "dev": dict(max_examples=10, deadline=None),
     "ci": dict(max_examples=8, deadline=None, database=None, derandomize=True),
-    "gpu": dict(max_examples=60, deadline=timedelta(seconds=20), database=None),
-    "nightly": dict(max_examples=300, deadline=timedelta(seconds=60), database=None),
+    "gpu": dict(max_examples=60, deadline=None, database=None),
+    "nightly": dict(max_examples=300, deadline=None, database=None),
 }
 
 

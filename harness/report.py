@@ -25,7 +25,7 @@ from harness.contract import ContractError
 from harness.results import PASSING, STALE, Result, read
 
 # Worst first: what a reader must see before anything else in a cell.
-SEVERITY = ("harness-error", "install-error", "contract-error", "subject-error", "differs", "accepted",
+SEVERITY = ("harness-error", "install-error", "contract-error", "subject-error", "timeout", "differs", "accepted",
             "unsupported", "not-run", "skipped", "not-applicable", STALE, "bit-identical", "within-tolerance",
             "rejected")
 
@@ -55,7 +55,7 @@ class Mark:
     red: bool = False
 
 
-ERROR = Mark("!", "error", "harness, install, contract or subject error", red=True)
+ERROR = Mark("!", "error", "harness, install, contract or subject error, or an item past its time limit", red=True)
 FAIL = Mark("✗", "fails", "differs, drift, or a malformed cache accepted", red=True)
 KNOWN = Mark("◆", "known", "as a known finding predicted")
 UNSUPPORTED = Mark("⊘", "unsupported", "the subject says it cannot run the case")
@@ -65,7 +65,7 @@ NOT_APPLICABLE = Mark("∅", "not-applicable", "the subject does not declare wha
 STALE_MARK = Mark("◌", "stale", "a known finding did not happen")
 PASS = Mark("✓", "pass", "bit-identical, no drift, agrees, within tolerance, rejected as documented")
 MARKS = (ERROR, FAIL, KNOWN, UNSUPPORTED, NOT_RUN, SKIPPED, NOT_APPLICABLE, STALE_MARK, PASS)
-_MARK_OF = {**dict.fromkeys(SEVERITY[:4], ERROR), "differs": FAIL, "accepted": FAIL, "unsupported": UNSUPPORTED,
+_MARK_OF = {**dict.fromkeys(SEVERITY[:5], ERROR), "differs": FAIL, "accepted": FAIL, "unsupported": UNSUPPORTED,
             "not-run": NOT_RUN, "skipped": SKIPPED, "not-applicable": NOT_APPLICABLE, STALE: STALE_MARK,
             **dict.fromkeys(PASSING, PASS)}
 
@@ -161,6 +161,7 @@ def fold(rows: list[Result]) -> dict:
     matrix: dict[str, dict[str, dict[str, Counter]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
     checks: dict[str, dict[str, dict[str, Counter]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
     sources: dict[str, set[str]] = defaultdict(set)
+    runs: dict[str, dict[str, str]] = defaultdict(dict)  # release -> run id -> when its last line was written
     dtypes: dict[str, dict[str, dict[str, Counter]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
     for r in rows:
         matrix[r.subject][r.release][r.geometry][_word(r)] += 1
@@ -168,6 +169,7 @@ def fold(rows: list[Result]) -> dict:
         if ":" in r.geometry:
             dtypes[r.subject][r.release][_dtype(r.geometry)][_word(r)] += 1
         sources[r.release].add(r.source)
+        runs[r.release][r.run] = max(runs[r.release].get(r.run, ""), r.time)
     new = [r for r in rows
            if r.outcome not in PASSING + ("unsupported", "skipped", "not-run", "not-applicable", STALE)
            and not r.known]
@@ -187,6 +189,8 @@ def fold(rows: list[Result]) -> dict:
     data = {
         "releases": releases,
         "sources": {k: sorted(v) for k, v in sources.items()},
+        "runs": {k: [{"run": run or "unknown", "time": t or "unknown"} for run, t in sorted(v.items())]
+                 for k, v in runs.items()},
         "geometries": sorted({r.geometry for r in rows},
                              key=lambda g: (":" not in g, first[_family(g)], first[g], g)),
         "matrix": ordered(matrix),
@@ -270,7 +274,9 @@ def _columns(data: dict, subject: str) -> list[str]:
 
 
 def _source(data: dict, release: str) -> str:
-    return "/".join(data["sources"][release])
+    """How the release's contracts were read, and which run its lines come from (and when it ran)."""
+    runs = ", ".join(f"run {r['run']} at {r['time']}" for r in data["runs"][release])
+    return f"{'/'.join(data['sources'][release])}, {runs}"
 
 
 def _totals(data: dict, subject: str) -> dict[str, int]:

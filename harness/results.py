@@ -1,8 +1,9 @@
 """Results: one JSON line per checked item, under results/<release>/results.jsonl.
 
-Each pytest process (an xdist worker, or the only process) appends to its own results.<run>-<worker>.jsonl; the
-session that owns the workers merges its run's files into results.jsonl when it ends, replacing that release's
-previous run.
+A run is one pytest process with its xdist workers; every line it writes carries its id (`run`) and the time the line
+was written. Each process appends to its own results.<run>-<worker>.jsonl; the controller merges its run's files
+into results.jsonl when it ends, replacing that release's previous run (a run that wrote nothing of a release
+leaves the previous one, whose lines keep their own run id).
 Outcome words are never folded into one another (harness.report keeps them apart):
   bit-identical     paged and dense (or two runs, or two splits) agree bit for bit
   within-tolerance  the oracle check held at its stated tolerance
@@ -19,6 +20,8 @@ Outcome words are never folded into one another (harness.report keeps them apart
                     consumer): one line per release and check; never a pass, never a finding
   not-run           a kernel check left out because the subject's split already reads other elements than the
                     contract's K/V there (split-agrees reports that finding); never a pass
+  timeout           the item ran past its time limit (--kvconform-timeout): a harness limit naming the item and the
+                    seconds, with the example it was running; never a verdict on the subject, never a pass
 `stale` is not an outcome of a check: it marks a known finding that applied but did not happen.
 
 `python -m harness.results install-error RELEASE REASON [--dir results]` records a failed install.
@@ -28,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
 
@@ -51,6 +56,7 @@ class Word(str, Enum):
     SKIPPED = "skipped"
     NOT_RUN = "not-run"
     NOT_APPLICABLE = "not-applicable"
+    TIMEOUT = "timeout"
 
     @property
     def passing(self) -> bool:
@@ -79,10 +85,18 @@ class Result:
     diagnosis: str = ""
     known: str = ""
     device: str = ""  # where it ran ("cuda:1", "cpu"); "" for whole-release outcomes
+    run: str = ""  # the id of the run that wrote it
+    time: str = ""  # when it was written (UTC, ISO 8601)
+    seconds: float = 0.0  # how long the example took (the subject calls and the comparison)
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES + (STALE,):
             raise ValueError(f"unknown outcome {self.outcome!r}; known: {OUTCOMES + (STALE,)}")
+
+
+def new_run_id() -> str:
+    """A run's id: when it started (UTC) and a random part, unique across machines and processes."""
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
 def release_dir(root: Path, release: str) -> Path:
@@ -90,11 +104,13 @@ def release_dir(root: Path, release: str) -> Path:
 
 
 def append(root: Path, result: Result, worker: str | None = None) -> None:
-    """Add one line to this worker's file for the result's release (to the merged file when `worker` is None)."""
+    """Add one line to this worker's file for the result's release (to the merged file when `worker` is None),
+    stamped with the time it was written."""
     d = release_dir(root, result.release)
     d.mkdir(parents=True, exist_ok=True)
+    stamped = replace(result, time=result.time or datetime.now(timezone.utc).isoformat(timespec="seconds"))
     with open(d / (f"results.{worker}.jsonl" if worker else "results.jsonl"), "a") as f:
-        f.write(json.dumps(asdict(result), sort_keys=True) + "\n")
+        f.write(json.dumps(asdict(stamped), sort_keys=True) + "\n")
 
 
 def merge(root: Path, release: str, run: str = "") -> Path:
@@ -133,9 +149,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("reason")
     parser.add_argument("--dir", default="results", type=Path)
     args = parser.parse_args(argv)
-    result = Result(args.release, "install", "*", "*", "install", "*", args.outcome, diagnosis=args.reason)
-    append(args.dir, result, "install")
-    print(merge(args.dir, args.release))
+    run = new_run_id()
+    result = Result(args.release, "install", "*", "*", "install", "*", args.outcome, diagnosis=args.reason, run=run)
+    append(args.dir, result, run)
+    print(merge(args.dir, args.release, run))
     return 0
 
 

@@ -13,6 +13,8 @@ import importlib.util
 import json
 import os
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import compiles, devices, findings, fixtures, results
+from harness import compiles, devices, findings, fixtures, limits, results
 from harness.cache import Paging, filled, read
 from harness.cases import SPARSITY_MODES
 from harness.compare import bits, diagnose
@@ -120,6 +122,8 @@ class Session:
     capabilities: frozenset[str] = DEFAULT_CAPABILITIES  # what the subject declares it can do (harness.subjects)
     backends: tuple[str, ...] = ()  # attention backends whose contracts are checked (empty: every recorded one)
     cache_dtypes: tuple[str, ...] = ()  # cache dtypes likewise
+    run: str = ""  # the run's id (harness.results.new_run_id), in every line it writes
+    say: Callable[[str], None] = field(default=lambda text: print(text, file=sys.__stderr__, flush=True), repr=False)
 
     def selects(self, c: Contract) -> bool:
         """Whether the session checks contract `c`: its backend and cache dtype were asked for, and the subject
@@ -133,14 +137,32 @@ class Session:
     def sizes(self) -> Sizes:
         return sizes_for(self.device)
 
+    def write(self, r: ReleaseContracts, geometry: str, check: str, sparsity: str, word: Word | str,
+              diagnosis: str = "", **fields) -> None:
+        """Record one result line of this run: where every line of a session is built."""
+        results.append(self.results_dir, results.Result(
+            r.release, r.source, self.subject_name, geometry, check, sparsity, Word(word).value if word != results.STALE
+            else word, diagnosis=diagnosis, run=self.run, **fields), self.worker)
+        Runner.recorded += 1
+
+    def warm_contracts(self) -> list[Contract]:
+        """One selected geometry per K/V element type that the subject reads: of a geometry, a kernel variant
+        depends on that alone (shapes, strides and offsets are runtime values; tests/test_compiles.py checks this
+        against the launches of drawn examples)."""
+        by_type: dict[object, Contract] = {}
+        for t in targets(self):
+            if supports_contract(self.subject, self.subject_name, t.contract) is None:
+                by_type.setdefault(t.contract.dtype.view, t.contract)
+        return list(by_type.values())
+
     def warm(self, gpus: list[str], processes: int) -> compiles.Warmup | None:
         """Compile every kernel variant this session's examples can draw, before the first (see harness.compiles)."""
-        contract = next((c for r in self.releases for c in r.contracts), None)
-        if contract is None or FORWARD not in self.capabilities:  # a consumer launches no kernel
+        contracts = self.warm_contracts()
+        if not contracts or FORWARD not in self.capabilities:  # a consumer launches no kernel
             return None
         shards = warmup_shards(self.sizes)
-        self.warmup = compiles.warm(self.subject_spec, shards, contract, gpus, processes,
-                                    compiles.fingerprint(self.subject, shards, gpus))
+        self.warmup = compiles.warm(self.subject_spec, shards, contracts, gpus, processes,
+                                    compiles.fingerprint(self.subject, shards, contracts, gpus))
         return self.warmup
 
     def process_report(self) -> dict:
@@ -158,11 +180,11 @@ class Session:
             "subject": self.subject_name, "releases": [r.release for r in self.releases], "warmup": warm,
             "processes": self.workers}, indent=1) + "\n")
 
-    def merge(self, run: str) -> None:
+    def merge(self) -> None:
         """Merge this run's per-process result files per release, then mark known findings that did not happen."""
         for r in self.releases:
             if results.release_dir(self.results_dir, r.release).is_dir():
-                if results.merge(self.results_dir, r.release, run + "-").exists():
+                if results.merge(self.results_dir, r.release, self.run + "-").exists():
                     self._mark_stale(r)
 
     def _mark_stale(self, r: ReleaseContracts) -> None:
@@ -176,32 +198,47 @@ class Session:
                 results.append(self.results_dir, results.Result(
                     r.release, r.source, self.subject_name, f.geometry, f.check, f.sparsity, results.STALE,
                     diagnosis=f"known finding {f.id} ({f.outcome}: {f.reason}) applied but did not happen",
-                    known=f.id))
+                    known=f.id, run=self.run))
 
-    def summary(self) -> list[str]:
-        """One line per process and per release: what this run recorded, and stale known findings."""
-        lines = [f"kvconform {self.warmup.describe()}"] if self.warmup else []
+    def summary(self, slowest: int = 3) -> list[str]:
+        """One line per process and per release, of this run's result lines only ("not run" for a release it
+        recorded nothing of), stale known findings, and the `slowest` examples of each check with their times."""
+        lines = [f"kvconform run {self.run}"] + ([f"kvconform {self.warmup.describe()}"] if self.warmup else [])
         for name, w in sorted(self.workers.items()):
             lines.append(f"kvconform process {name} on {w['device']}: {w['results']} results; kernels "
                          f"{w['compiled']} compiled, {w['loaded']} loaded from the disk cache" if w else
                          f"kvconform process {name}: ended without reporting (crashed or killed)")
+        ran: list[results.Result] = []
         for r in self.releases:
             path = results.release_dir(self.results_dir, r.release) / "results.jsonl"
-            if not path.exists():
+            rows = [x for x in (results.read(self.results_dir, r.release) if path.exists() else [])
+                    if x.run == self.run]
+            if all(x.outcome == Word.NOT_APPLICABLE for x in rows):
+                na = f"; {len(rows)} not-applicable" if rows else ""
+                lines.append(f"kvconform {r.release} ({r.source}) {self.subject_name}: not run (this run checked "
+                             f"nothing of it{na})")
                 continue
-            rows = results.read(self.results_dir, r.release)
+            ran += rows
             counts: dict[str, int] = {}
             for x in rows:
                 counts[x.outcome] = counts.get(x.outcome, 0) + 1
             lines.append(f"kvconform {r.release} ({r.source}) {self.subject_name}: "
                          + ", ".join(f"{n} {word}" for word, n in sorted(counts.items())) + f" -> {path}")
             lines += [f"  STALE {x.known}: {x.diagnosis}" for x in rows if x.outcome == results.STALE]
+        by_check: dict[str, list[results.Result]] = {}
+        for x in ran:
+            if x.seconds:
+                by_check.setdefault(x.check, []).append(x)
+        for check, rows in sorted(by_check.items()):
+            top = sorted(rows, key=lambda x: -x.seconds)[:slowest]
+            lines.append(f"kvconform slowest {check}: " + "; ".join(
+                f"{x.seconds:.2f} s {x.release} {x.geometry} {x.case} ({x.outcome})" for x in top))
         return lines
 
 
 def start(subject_spec: str, asked: list[str], contracts_dir: Path, results_dir: Path, regressions_dir: Path,
           known_findings_dir: Path, device: str, worker: str, args: str, backends: tuple[str, ...] = (),
-          cache_dtypes: tuple[str, ...] = ()) -> Session:
+          cache_dtypes: tuple[str, ...] = (), run: str = "") -> Session:
     """The session of one process. ValueError (a usage error) for a subject, releases, backends or cache dtypes
     that cannot be named."""
     names = releases_asked(asked, contracts_dir)
@@ -215,8 +252,20 @@ def start(subject_spec: str, asked: list[str], contracts_dir: Path, results_dir:
         raise ValueError(f"backend(s) {', '.join(unknown)} not among the session releases' contracts "
                          f"({', '.join(sorted(recorded))})")
     return Session(subject.name, subject_spec, subject, releases, known, results_dir, regressions_dir, worker, args,
-                   device, capabilities=caps, backends=tuple(backends),
+                   device, run=run, capabilities=caps, backends=tuple(backends),
                    cache_dtypes=tuple(cache_dtype(n).name for n in cache_dtypes))
+
+
+def supports_contract(subject: object, name: str, contract: Contract) -> str | None:
+    """Why `subject` cannot read caches of `contract`, None when it can. Optional in a subject: a kernel that says
+    nothing is taken to read model-dtype K/V only, so a quantised cache is unsupported for it (never a pass, never a
+    finding) until it declares otherwise."""
+    by_contract = getattr(subject, "supports_contract", None)
+    if by_contract is not None:
+        return by_contract(contract)
+    if contract.cache_dtype != "auto":
+        return f"{name} declares no supports_contract: taken to read model-dtype K/V only, not a {contract.cache_dtype} cache"
+    return None
 
 
 def missing(session: Session, needs: frozenset[str] | set[str]) -> list[str]:
@@ -230,9 +279,7 @@ def record_not_applicable(session: Session, check: str, needs: frozenset[str] | 
     why = (f"{session.subject_name} declares {', '.join(sorted(session.capabilities))}; {check} needs "
            f"{', '.join(sorted(needs))} (missing {', '.join(missing(session, needs))})")
     for r in session.releases:
-        results.append(session.results_dir, results.Result(r.release, r.source, session.subject_name, "*", check, "*",
-                                                            Word.NOT_APPLICABLE.value, diagnosis=why), session.worker)
-    Runner.recorded += len(session.releases)
+        session.write(r, "*", check, "*", Word.NOT_APPLICABLE, why)
     return len(session.releases)
 
 
@@ -278,11 +325,8 @@ def record_outside(session: Session) -> int:
             why.setdefault(_outside(c), []).append(c.name)
         if why:
             text = "; ".join(f"{len(names)} geometries ({', '.join(names)}): {reason}" for reason, names in why.items())
-            results.append(session.results_dir, results.Result(r.release, r.source, session.subject_name, "*",
-                                                                "K/V checks", "*", Word.NOT_APPLICABLE.value,
-                                                                diagnosis=text), session.worker)
+            session.write(r, "*", "K/V checks", "*", Word.NOT_APPLICABLE, text)
             n += 1
-    Runner.recorded += n
     return n
 
 
@@ -373,6 +417,10 @@ class NewFinding(AssertionError):
     """An outcome no known finding predicts; its message ends with the REPRO line."""
 
 
+class TimedOut(Exception):
+    """An item ran past its time limit (harness.limits): recorded as `timeout` with the example it was running."""
+
+
 class DeviceLost(BaseException):
     """The device of this process is unusable; the example is recorded and kept. Whoever runs the process ends it."""
 
@@ -407,12 +455,16 @@ class Runner:
 
     recorded = 0  # result lines this process wrote
 
-    def __init__(self, session: Session, replay_command: str, max_examples: int | None = None):
+    def __init__(self, session: Session, replay_command: str, max_examples: int | None = None, item: str = "",
+                 timeout: float = 0.0):
         self.s = session
         self.subject = session.subject
         self.replay_command = replay_command
         self.max_examples = max_examples
         self.device = session.device
+        self.item = item or replay_command  # what a timeout names
+        self.timeout = timeout  # seconds an item may run (0: no limit)
+        self._running: tuple[Target, str, Example, object] | None = None
 
     # helpers for the checks
     def prepare(self, ex: Example) -> Prepared:
@@ -493,24 +545,46 @@ class Runner:
         for ex, value in (explicit(target.contract, sizes) if explicit else ()):
             generated = hypothesis.example(ex=ex, extra=value)(generated)
 
+        return self._limited(target, check, state, generated)
+
+    def replay(self, regression: Regression, check: str, fn, needs_subject: bool = True) -> Settled:
+        """Run one stored regression example."""
+        state = Settled()
+        return self._limited(regression.target, check, state, lambda: self._one(
+            regression.target, check, fn, regression.example, regression.extra, state, needs_subject))
+
+    def _limited(self, target: Target, check: str, state: Settled, body) -> Settled:
         try:
-            generated()
+            with limits.time_limit(self.timeout, self._hung):
+                body()
+        except limits.ItemTimeout as e:
+            raise TimedOut(self._record_timeout(str(e))) from None
         except BaseException:
             self._keep_failure(target, check, state)
             raise
         return state
 
-    def replay(self, regression: Regression, check: str, fn, needs_subject: bool = True) -> Settled:
-        """Run one stored regression example."""
-        state = Settled()
-        try:
-            self._one(regression.target, check, fn, regression.example, regression.extra, state, needs_subject)
-        except BaseException:
-            self._keep_failure(regression.target, check, state)
-            raise
-        return state
+    def _record_timeout(self, what: str) -> str:
+        message = f"timeout: {self.item} {what} (a harness limit, --kvconform-timeout; not a verdict)"
+        if self._running is None:
+            self.s.write(self.s.releases[0], "*", "*", "*", Word.TIMEOUT, message, device=self.device)
+            return message
+        target, check, ex, extra = self._running
+        repro = self.repro(target, check, ex, extra)
+        self.s.write(target.release, target.geometry, check, ex.case.sparsity.mode, Word.TIMEOUT,
+                     f"{message}; running example {ex.digest()}", case=ex.digest(), repro=repro, device=self.device)
+        return f"{message}\n{repro}"
+
+    def _hung(self) -> None:
+        # From the watchdog thread: the main thread is stuck where the alarm cannot reach it.
+        message = self._record_timeout(f"ran past its limit of {self.timeout:g} s and did not return within "
+                                       f"{min(limits.GRACE, self.timeout):g} s more: this process is ended")
+        self.s.say(f"kvconform {message}")
+        os._exit(3)
 
     def _one(self, target: Target, check: str, fn, ex: Example, extra, state: Settled, needs_subject: bool) -> None:
+        self._running = (target, check, ex, extra)
+        start = time.perf_counter()
         try:
             supports = getattr(self.subject, "supports", None)  # optional outside kernels
             reason = self.call(supports, ex.case) if needs_subject and supports is not None else None
@@ -544,18 +618,10 @@ class Runner:
                 raise NewFinding(f"{outcome.word.value}: {outcome.diagnosis}\n{self.repro(target, check, ex, extra)}")
             state.known[known.id] = known
         if state.failure is None:  # examples tried while shrinking a failure are not results
-            self._record(target, check, ex, extra, outcome, known.id if known else "")
+            self._record(target, check, ex, extra, outcome, known.id if known else "", time.perf_counter() - start)
 
     def _supports_contract(self, contract: Contract) -> str | None:
-        # Optional in the subject: a kernel that says nothing is taken to read model-dtype K/V only, so a quantised
-        # cache is unsupported for it (never a pass, never a finding) until it declares otherwise.
-        by_contract = getattr(self.subject, "supports_contract", None)
-        if by_contract is not None:
-            return self.call(by_contract, contract)
-        if contract.cache_dtype != "auto":
-            return (f"{self.s.subject_name} declares no supports_contract: taken to read model-dtype K/V only, not a "
-                    f"{contract.cache_dtype} cache")
-        return None
+        return self.call(supports_contract, self.subject, self.s.subject_name, contract)
 
     def _end_process(self, target: Target, check: str, ex: Example, extra, outcome: Outcome) -> None:
         self._record(target, check, ex, extra, outcome)
@@ -587,31 +653,18 @@ class Runner:
                 "case": repr(ex.case), "device": _device_kind(self.device)}
         (d / f"{check}-{ex.digest()}.json").write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
 
-    def _record(self, target: Target, check: str, ex: Example, extra, outcome: Outcome, known: str = "") -> None:
-        results.append(self.s.results_dir, results.Result(
-            target.release.release, target.release.source, self.s.subject_name, target.geometry, check,
-            ex.case.sparsity.mode, outcome.word.value, ex.digest(),
-            self.repro(target, check, ex, extra) if not outcome.word.passing else "",
-            outcome.diagnosis, known, self.device), self.s.worker)
-        Runner.recorded += 1
+    def _record(self, target: Target, check: str, ex: Example, extra, outcome: Outcome, known: str = "",
+                seconds: float = 0.0) -> None:
+        self.s.write(target.release, target.geometry, check, ex.case.sparsity.mode, outcome.word, outcome.diagnosis,
+                     case=ex.digest(), repro=self.repro(target, check, ex, extra) if not outcome.word.passing else "",
+                     known=known, device=self.device, seconds=round(seconds, 4))
 
     def record_target(self, target: Target, check: str, outcome: Outcome) -> None:
         """Record an outcome of a whole (release, geometry) item, e.g. a check that cannot run here."""
-        results.append(self.s.results_dir, results.Result(
-            target.release.release, target.release.source, self.s.subject_name, target.geometry, check, "*",
-            outcome.word.value, diagnosis=outcome.diagnosis, device=self.device), self.s.worker)
-        Runner.recorded += 1
+        self.s.write(target.release, target.geometry, check, "*", outcome.word, outcome.diagnosis, device=self.device)
 
     def record_release(self, r: ReleaseContracts, check: str, outcome: Outcome) -> str:
         """Record a whole-release outcome (contracts unreadable, drift); the known finding's id if one predicts it."""
         known = findings.match(self.s.findings, r.release, "*", "*", check, outcome.word.value)
-        results.append(self.s.results_dir, results.Result(r.release, r.source, self.s.subject_name, "*", check, "*",
-                                                          outcome.word.value, diagnosis=outcome.diagnosis,
-                                                          known=known.id if known else ""), self.s.worker)
+        self.s.write(r, "*", check, "*", outcome.word, outcome.diagnosis, known=known.id if known else "")
         return known.id if known else ""
-
-
-def run_id() -> str:
-    """One id per session, inherited by its xdist workers: their result files are told apart from another
-    session's."""
-    return os.environ.setdefault("KVCONFORM_RUN", f"run{os.getpid()}")

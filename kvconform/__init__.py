@@ -22,8 +22,10 @@ from harness import profiles
 profiles.register()  # before hypothesis' own plugin reads --hypothesis-profile at configure time
 SESSION = pytest.StashKey["object"]()  # harness.runner.Session of an active run
 NOT_APPLICABLE = pytest.StashKey[dict]()  # check -> what it needs, for checks the subject lacks a capability for
+RUN = pytest.StashKey[str]()  # this run's id: made by the controller, handed to its xdist workers
 OPTIONS = ("release", "subject", "max_examples", "results_dir", "contracts_dir", "known_findings", "regressions_dir",
-           "workers_per_gpu", "backend", "cache_dtype")
+           "workers_per_gpu", "backend", "cache_dtype", "timeout")
+TIMEOUTS = {"cuda": 600.0, "cpu": 3600.0}  # default seconds per item: the interpreter is ~1000x slower
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 
@@ -42,7 +44,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="cache dtype whose contracts to check (auto, fp8_e4m3, fp8_e5m2, fp8_per_token_head, nvfp4; "
                      "repeatable). Default: every recorded one.")
     g.addoption("--kvconform-max-examples", type=int, default=None,
-                help="override the hypothesis profile's max_examples")
+                help="override the hypothesis profile's max_examples (>= 1)")
+    g.addoption("--kvconform-timeout", type=float, default=None,
+                help="seconds one item may run before it ends as a `timeout` (a harness limit, never a verdict); "
+                     f"0: no limit. Default {TIMEOUTS['cuda']:g} on CUDA, {TIMEOUTS['cpu']:g} on the CPU")
     g.addoption("--kvconform-results-dir", default=None, help="where <release>/results.jsonl go (default: ./results)")
     g.addoption("--kvconform-contracts-dir", default=None,
                 help="recorded contracts to replay (default: the ones kvconform ships)")
@@ -127,9 +132,11 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
     from hypothesis import settings
 
-    from harness import devices, findings, fixtures, runner
+    from harness import devices, findings, fixtures, results, runner
 
-    run = runner.run_id()
+    _check_options(config)
+    run = config.workerinput["kvconform_run"] if WORKER else results.new_run_id()
+    config.stash[RUN] = run
     device = devices.worker_device(WORKER)
     if device.startswith("cuda") and (WORKER or not getattr(config.option, "numprocesses", None)):
         torch.cuda.set_device(device)  # kernels launch on the current device: this process's GPU
@@ -156,12 +163,44 @@ def pytest_configure(config: pytest.Config) -> None:
                                                                           or Path.cwd() / "results"),
             regressions, Path(config.getoption("kvconform_known_findings") or findings.DIRECTORY), device,
             f"{run}-{WORKER or 'main'}", " ".join(shlex.quote(a) for a in args),
-            tuple(config.getoption("kvconform_backend")), tuple(config.getoption("kvconform_cache_dtype")))
+            tuple(config.getoption("kvconform_backend")), tuple(config.getoption("kvconform_cache_dtype")), run)
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
+    session.say = _say(config)
     config.stash[SESSION] = session
     # The interpreter computes masked-out rows of a tile too (0/0 there is discarded by the kernel's store mask).
     config.addinivalue_line("filterwarnings", "ignore:invalid value encountered:RuntimeWarning")
+
+
+def _say(config: pytest.Config):
+    """A way to print from a thread while the main thread is stuck in an item: pytest's output capture is
+    suspended first (the process ends right after, so nothing it captured is lost)."""
+    import sys
+
+    def say(text: str) -> None:
+        capture = config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            capture.suspend_global_capture(in_=False)
+        print(text, file=sys.stderr, flush=True)
+
+    return say
+
+
+def _check_options(config: pytest.Config) -> None:
+    """Option values no run could use are usage errors before anything runs, naming the option and what it takes."""
+    n = config.getoption("kvconform_max_examples")
+    if n is not None and n < 1:
+        raise pytest.UsageError(f"--kvconform-max-examples={n}: takes a whole number >= 1")
+    t = config.getoption("kvconform_timeout")
+    if t is not None and t < 0:
+        raise pytest.UsageError(f"--kvconform-timeout={t:g}: takes seconds >= 0 (0: no limit)")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """Hand this run's id to a starting xdist worker: its lines belong to the controller's run."""
+    if RUN in node.config.stash:
+        node.workerinput["kvconform_run"] = node.config.stash[RUN]
 
 
 def _default_regressions(config: pytest.Config) -> Path:
@@ -219,7 +258,7 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> 
         return
     from harness.runner import POISONED
 
-    files = s.results_dir.glob(f"*/results.{os.environ['KVCONFORM_RUN']}-{report.node.gateway.id}.jsonl")
+    files = s.results_dir.glob(f"*/results.{s.run}-{report.node.gateway.id}.jsonl")
     last = [json.loads(line) for f in sorted(files, key=lambda f: f.stat().st_mtime)
             for line in f.read_text().splitlines()[-1:]]
     if last and POISONED in last[-1]["diagnosis"]:
@@ -236,7 +275,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if not s.workers:
         s.workers["main"] = s.process_report()
     s.write_run()
-    s.merge(os.environ["KVCONFORM_RUN"])
+    s.merge()
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
@@ -316,7 +355,10 @@ class Conformance:
         if s is None:
             pytest.skip("kvconform is not active in this run (no --kvconform-* option)")
         node = request.node.nodeid.split("[")[0].removesuffix("_regression") + "_regression"
-        self.runner = runner.Runner(s, f"pytest {node}", request.config.getoption("kvconform_max_examples"))
+        timeout = request.config.getoption("kvconform_timeout")
+        self.runner = runner.Runner(s, f"pytest {node}", request.config.getoption("kvconform_max_examples"),
+                                    request.node.nodeid,
+                                    TIMEOUTS[s.device.split(":")[0]] if timeout is None else timeout)
 
     def __getattr__(self, name: str):
         return getattr(self.runner, name)  # the runner's helpers and recorders, as the checks call them
@@ -328,10 +370,12 @@ class Conformance:
         self._settle(self._guard(self.runner.replay, *args, **kwargs))
 
     def _guard(self, fn, *args, **kwargs):
-        from harness.runner import DeviceLost
+        from harness.runner import DeviceLost, TimedOut
 
         try:
             return fn(*args, **kwargs)
+        except TimedOut as e:
+            pytest.fail(str(e), pytrace=False)
         except DeviceLost as e:
             if WORKER:  # a fresh xdist worker takes the remaining items; this item is reported as its crash
                 os._exit(3)

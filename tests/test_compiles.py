@@ -12,14 +12,18 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are defined; warm-up processes inherit it
 
-from hypothesis import given, settings  # noqa: E402
+import dataclasses  # noqa: E402
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from harness import compiles  # noqa: E402
+from harness import compiles, findings, fixtures, runner  # noqa: E402
+from harness.cases import Case  # noqa: E402
 from harness.contract import families  # noqa: E402
 from harness.strategies import CPU, GPU, examples, warmup_shards  # noqa: E402
-from harness.subjects import load_subject  # noqa: E402
-from harness.subjects.builtin import BuiltinSubject, num_splits, variant  # noqa: E402
+from harness.subjects import builtin, load_subject  # noqa: E402
+from harness.subjects.builtin import BuiltinSubject  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SUBJECT = BuiltinSubject()
@@ -41,33 +45,95 @@ def test_every_runtime_integer_of_the_kernels_is_left_unspecialised():
         assert runtime_ints and runtime_ints == unspecialised, (kernel, runtime_ints ^ unspecialised)
 
 
-def _warm_variants(sizes):
-    out = set()
-    for shard in warmup_shards(sizes):
-        for case in shard:
-            if SUBJECT.supports(case) is None:
-                tile = SUBJECT.tile_config(case)
-                out |= {variant(case, tile, paged) for paged in (True, False)}
-    return out
+class Launches:
+    """Stands in for the built-in's kernels: each launch is recorded by what it compiles (compiles.launch_key),
+    nothing runs."""
+
+    def __init__(self, kernel):
+        self.kernel, self.keys = kernel, set()
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.keys.add(compiles.launch_key(self.kernel, args, kwargs))
 
 
-WARM = {"gpu": _warm_variants(GPU), "cpu": _warm_variants(CPU)}
+@pytest.fixture(scope="module")
+def launches():
+    """The launch keys of the built-in's forwards over meta tensors (GPU-sized batches cost nothing there)."""
+    kernels = {name: Launches(getattr(builtin, name)) for name in ("_attn_fwd", "_combine")}
+    with pytest.MonkeyPatch.context() as mp:
+        for name, fake in kernels.items():
+            mp.setattr(builtin, name, fake)
+
+        def keys(case, contract, dims, pages) -> frozenset:
+            for fake in kernels.values():
+                fake.keys = set()
+            rows = lambda n, h: torch.empty(n, h, case.head_dim, dtype=case.torch_dtype, device="meta")  # noqa: E731
+            q, k = rows(sum(case.q_lens), case.num_heads), rows(sum(case.kv_lens), case.kv_heads)
+            compiles.forwards(SUBJECT, case, contract, dims, pages, q, k, torch.empty_like(k))
+            return frozenset().union(*(fake.keys for fake in kernels.values()))
+
+        yield keys
 
 
-@settings(max_examples=300, deadline=None)
-@given(data=st.data(), sizes=st.sampled_from(("gpu", "cpu")))
-def test_the_warm_up_spans_every_variant_an_example_can_draw(data, sizes):
-    ex = data.draw(examples(families(), GPU if sizes == "gpu" else CPU))
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    """A session over every recording (every backend and cache dtype): what the warm-up and the examples meet."""
+    d = tmp_path_factory.mktemp("session")
+    return runner.start("builtin", ["recorded"], fixtures.ROOT, d, d, d, findings.DIRECTORY, "cpu", "test", "")
+
+
+@pytest.fixture(scope="module")
+def warmed(session, launches):
+    """What the session warm-up compiles, per device's sizes: the launches of its cases in its geometries."""
+    return {sizes: frozenset().union(*(launches(case, contract, *compiles.warm_paging(case))
+                                       for shard in warmup_shards(SIZES[sizes]) for case in shard
+                                       if SUBJECT.supports(case) is None
+                                       for contract in session.warm_contracts()))
+            for sizes in SIZES}
+
+
+SIZES = {"gpu": GPU, "cpu": CPU}
+
+
+def test_the_warm_up_covers_every_cache_dtype_the_subject_reads(session):
+    read = {t.contract.cache_dtype for t in runner.targets(session)
+            if runner.supports_contract(SUBJECT, "builtin", t.contract) is None}
+    assert len(read) > 1 and {c.cache_dtype for c in session.warm_contracts()} <= read
+    assert {c.dtype.view for c in session.warm_contracts()} == {
+        t.contract.dtype.view for t in runner.targets(session) if t.contract.cache_dtype in read}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data(), sizes=st.sampled_from(sorted(SIZES)))
+def test_the_warm_up_compiles_every_variant_drawn_examples_launch(session, launches, warmed, data, sizes):
+    # Examples as the forward checks draw them, over every geometry of every recording the subject reads; what
+    # their launches compile must be among what the warm-up's launches compiled.
+    contracts = [t.contract for t in runner.targets(session)
+                 if runner.supports_contract(SUBJECT, "builtin", t.contract) is None]
+    ex = data.draw(examples(contracts, SIZES[sizes]))
     if SUBJECT.supports(ex.case) is not None:
         return
-    tile = SUBJECT.tile_config(ex.case)
-    for paged in (True, False):
-        assert variant(ex.case, tile, paged) in WARM[sizes], (ex.case, tile, paged, num_splits(ex.case, tile))
+    new = launches(ex.case, ex.contract, ex.dims, ex.paging()) - warmed[sizes]
+    assert not new, (ex.case, ex.contract.name, sorted(new))
 
 
-def test_the_warm_up_is_small():
-    # ~200 compiles on the GPU sizes: seconds each, so a session warm-up spread over 16 processes is about a minute.
-    assert len(WARM["gpu"]) <= 200, len(WARM["gpu"])
+def test_a_launch_key_tells_apart_what_triton_compiles_apart(launches):
+    case = Case((1,), (40,), 2, 1, 64, 16)
+    contract = families()[0]
+    model = launches(case, contract, *compiles.warm_paging(case))
+    fp8 = launches(case, dataclasses.replace(contract, cache_dtype="fp8_e4m3"), *compiles.warm_paging(case))
+    longer = launches(dataclasses.replace(case, kv_lens=(4000,)), contract, *compiles.warm_paging(
+        dataclasses.replace(case, kv_lens=(4000,))))
+    assert model != fp8  # the K/V pointers' element type
+    assert model != longer  # split-KV: another constexpr and the combine kernel
+    assert launches(dataclasses.replace(case, kv_lens=(41,)), contract,
+                    *compiles.warm_paging(dataclasses.replace(case, kv_lens=(41,)))) == model  # a runtime length
+
+
+def test_the_warm_up_is_small(warmed):
+    # A few hundred compiles on the GPU sizes: seconds each, so a session warm-up spread over 16 processes is about
+    # a minute.
+    assert len(warmed["gpu"]) <= 500, len(warmed["gpu"])
 
 
 def test_the_cache_layer_counts_compiles_and_loads_apart(tmp_path, monkeypatch):
@@ -85,7 +151,7 @@ def test_the_cache_layer_counts_compiles_and_loads_apart(tmp_path, monkeypatch):
 def test_the_warm_up_runs_the_subject_in_parallel_processes():
     # On the CPU nothing compiles (the interpreter), but every case must run through both forwards without error.
     shards = [[c for c in shard if max(c.kv_lens) <= 32][:2] for shard in warmup_shards(CPU)[:4]]
-    done = compiles.warm("builtin", shards, families()[4], ["cpu"], 2)
+    done = compiles.warm("builtin", shards, [families()[4]], ["cpu"], 2)
     assert done.errors == () and done.cases == sum(map(len, shards)) and done.processes == 2
     assert done.counts == compiles.Counts(0, 0)
 
@@ -94,12 +160,14 @@ def test_a_finished_warm_up_is_not_repeated_in_the_same_cache(tmp_path, monkeypa
     monkeypatch.setattr(compiles.triton.knobs.cache, "dir", str(tmp_path))
     shards = [[c for c in shard if max(c.kv_lens) <= 32][:1] for shard in warmup_shards(CPU)[:2]]
     subject = load_subject("builtin")
-    key = compiles.fingerprint(subject, shards, ["cpu"])
-    assert key != compiles.fingerprint(subject, shards[:1], ["cpu"])  # other cases, another warm-up
-    first = compiles.warm("builtin", shards, families()[4], ["cpu"], 1, key)
-    again = compiles.warm("builtin", shards, families()[4], ["cpu"], 1, key)
+    key = compiles.fingerprint(subject, shards, [families()[4]], ["cpu"])
+    assert key != compiles.fingerprint(subject, shards[:1], [families()[4]], ["cpu"])  # other cases, another warm-up
+    fp8 = dataclasses.replace(families()[4], cache_dtype="fp8_e4m3")
+    assert key != compiles.fingerprint(subject, shards, [families()[4], fp8], ["cpu"])  # another K/V type
+    first = compiles.warm("builtin", shards, [families()[4]], ["cpu"], 1, key)
+    again = compiles.warm("builtin", shards, [families()[4]], ["cpu"], 1, key)
     assert not first.skipped and again.skipped and "skipped" in again.describe()
-    assert not compiles.warm("builtin", shards, families()[4], ["cpu"], 1, key[::-1]).skipped  # another key
+    assert not compiles.warm("builtin", shards, [families()[4]], ["cpu"], 1, key[::-1]).skipped  # another key
     # A warm-up that met errors leaves no marker: the next one tries again. (The subject's module must be importable
     # in the spawned warm-up processes: they start with this process's sys.path.)
     (tmp_path / "warm_faulty.py").write_text("from harness.subjects.builtin import BuiltinSubject\n"
@@ -107,9 +175,9 @@ def test_a_finished_warm_up_is_not_repeated_in_the_same_cache(tmp_path, monkeypa
                                              "    def dense_forward(self, *args):\n"
                                              "        raise RuntimeError('planted')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    failed = compiles.warm("warm_faulty:Faulty", shards, families()[4], ["cpu"], 1, "faulty")
+    failed = compiles.warm("warm_faulty:Faulty", shards, [families()[4]], ["cpu"], 1, "faulty")
     assert failed.errors and "planted" in failed.errors[0]
-    assert not compiles.warm("warm_faulty:Faulty", shards, families()[4], ["cpu"], 1, "faulty").skipped
+    assert not compiles.warm("warm_faulty:Faulty", shards, [families()[4]], ["cpu"], 1, "faulty").skipped
 
 
 PTX = """

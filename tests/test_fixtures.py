@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import dataclasses
 import pytest
 import torch
@@ -36,8 +37,24 @@ def test_load_of_an_unrecorded_release_names_it(tmp_path):
 def test_load_rejects_a_file_recording_another_release(tmp_path):
     fixtures.save(_rec(NHD), tmp_path)
     (tmp_path / "0.21.0.json").write_text((tmp_path / "0.20.2.json").read_text())
-    with pytest.raises(ContractError, match="records release '0.20.2', not '0.21.0'"):
+    with pytest.raises(fixtures.BadRecording, match="records release '0.20.2', not '0.21.0'"):
         fixtures.load("0.21.0", tmp_path)
+
+
+def test_a_truncated_recording_names_its_file_and_line(tmp_path):
+    fixtures.save(_rec(NHD), tmp_path)
+    p = tmp_path / "0.20.2.json"
+    p.write_text(p.read_text()[:200])
+    with pytest.raises(fixtures.BadRecording, match=rf"^{re.escape(str(p))}:\d+:\d+: not a recording: invalid JSON"):
+        fixtures.load("0.20.2", tmp_path)
+
+
+def test_a_recording_of_an_unknown_layout_names_its_file(tmp_path):
+    fixtures.save(_rec(NHD), tmp_path)
+    p = tmp_path / "0.20.2.json"
+    p.write_text(p.read_text().replace('"KV"', '"QQ"'))
+    with pytest.raises(fixtures.BadRecording, match=rf"^{re.escape(str(p))}: not a recording: "):
+        fixtures.load("0.20.2", tmp_path)
 
 
 def test_no_drift_between_a_recording_and_itself():
@@ -148,3 +165,40 @@ def test_drift_names_the_backend_and_cache_dtype_that_moved():
         "FLASHINFER nvfp4 LBHNC single-layer: physical (stride) order B.S.N.D -> B.N.S.D"]
     assert fixtures.drift(Recording("0.33.0", (fa, fi)), Recording("0.33.0", (fa,))) == [
         f"FLASHINFER nvfp4 LBHNC single-layer: contract gone (was {fi.describe()})"]
+
+
+FI_NHD = Contract(("B", "KV", "N", "H", "D"), ("B", "KV", "N", "H", "D"), "vllm 0.26.0 FLASHINFER VLLM_KV_CACHE_LAYOUT=NHD")
+FI_HND = Contract(("B", "KV", "N", "H", "D"), ("B", "KV", "H", "N", "D"), "vllm 0.26.0 FLASHINFER VLLM_KV_CACHE_LAYOUT=HND")
+FA_NHD = Contract(("KV", "B", "N", "H", "D"), ("KV", "B", "N", "H", "D"), "vllm 0.26.0 FLASH_ATTN NHD")
+FI_READ = {"present": True, "read": True, "class": "vllm.v1.attention.backends.flashinfer.FlashInferBackend"}
+FI_UNIMPORTABLE = {"present": True, "read": False, "why": "not importable: importing "
+                   "vllm.v1.attention.backends.flashinfer raised ModuleNotFoundError: No module named 'flashinfer_dep'"}
+FI_ABSENT = {"present": False, "why": "no vllm.v1.attention.backends.flashinfer.FlashInferBackend in this release"}
+
+
+def _seen(contracts: tuple[Contract, ...], **backends: dict) -> Recording:
+    return Recording("0.26.0", contracts, {"backends": backends})
+
+
+def test_a_backend_the_live_probe_could_not_import_is_one_line_with_the_error_not_contract_gone():
+    lines = drift(_seen((FA_NHD, FI_NHD, FI_HND), FLASHINFER=FI_READ), _seen((FA_NHD,), FLASHINFER=FI_UNIMPORTABLE))
+    assert lines == [f"backend FLASHINFER could not be imported or read: {FI_UNIMPORTABLE['why']}; the recording "
+                     "read 2 contracts from it"]
+    assert not any("contract gone" in line for line in lines)
+
+
+def test_a_backend_module_missing_from_the_live_install_is_named_not_contract_gone():
+    # A carried subset of the release without the backend's module: the probe sees no such backend.
+    assert drift(_seen((FA_NHD, FI_NHD, FI_HND), FLASHINFER=FI_READ), _seen((FA_NHD,), FLASHINFER=FI_ABSENT)) == [
+        f"backend FLASHINFER could not be imported or read: {FI_ABSENT['why']}; the recording read 2 contracts from it"]
+
+
+def test_a_backend_the_recording_could_not_import_either_is_no_drift():
+    assert drift(_seen((FA_NHD,), FLASHINFER=FI_UNIMPORTABLE), _seen((FA_NHD,), FLASHINFER=FI_UNIMPORTABLE)) == []
+    assert drift(_seen((FA_NHD,), FLASHINFER=FI_ABSENT), _seen((FA_NHD,), FLASHINFER=FI_ABSENT)) == []
+
+
+def test_a_backend_that_fails_to_import_where_the_recording_had_none_is_named():
+    assert drift(_seen((FA_NHD,), FLASHINFER=FI_ABSENT), _seen((FA_NHD,), FLASHINFER=FI_UNIMPORTABLE)) == [
+        f"backend FLASHINFER could not be imported or read: {FI_UNIMPORTABLE['why']}"]
+

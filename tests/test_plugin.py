@@ -141,6 +141,48 @@ def test_a_bad_subject_is_a_one_line_usage_error(host, subject, says):
     assert says in err and "Traceback" not in err and "INTERNALERROR" not in err, err
 
 
+@pytest.mark.parametrize("args, says", [
+    (("--kvconform-max-examples=-5",), "--kvconform-max-examples=-5: takes a whole number >= 1"),
+    (("--kvconform-timeout=-1",), "--kvconform-timeout=-1: takes seconds >= 0 (0: no limit)"),
+    (("--kvconform-cache-dtype=fp9",), "fp9"),
+    (("--kvconform-backend=NOPE",), "backend(s) NOPE not among"),
+])
+def test_a_bad_option_value_is_a_one_line_usage_error(host, args, says):
+    done = host.runpytest_subprocess("--pyargs", "kvconform.suites", "--kvconform-release=0.33.0", *args)
+    assert done.ret == pytest.ExitCode.USAGE_ERROR
+    err = done.stderr.str()
+    assert says in err and "Traceback" not in err and "INTERNALERROR" not in err, err
+
+
+def test_bad_recordings_and_known_findings_are_one_line_usage_errors_naming_the_file(host):
+    contracts, known = host.mkdir("contracts"), host.mkdir("known")
+    (contracts / "0.20.0.json").write_text('{"release": "0.20.0", "contr')
+    done = host.runpytest_subprocess("--pyargs", "kvconform.suites", "--kvconform-release=0.20.0",
+                                     f"--kvconform-contracts-dir={contracts}")
+    err = done.stderr.str()
+    assert done.ret == pytest.ExitCode.USAGE_ERROR and f"{contracts / '0.20.0.json'}:1:" in err, err
+    assert "Traceback" not in err and "INTERNALERROR" not in err, err
+    (known / "builtin.toml").write_text("[[finding]]\nreleases = '*'\n")
+    done = host.runpytest_subprocess("--pyargs", "kvconform.suites", "--kvconform-release=0.33.0",
+                                     f"--kvconform-known-findings={known}")
+    err = done.stderr.str()
+    assert done.ret == pytest.ExitCode.USAGE_ERROR and f"{known / 'builtin.toml'} finding 1: keys" in err, err
+
+
+def test_the_summary_speaks_of_this_run_only(host):
+    # An earlier run left results of both releases; this run deselects every check of 0.22.1 by -k.
+    assert _suites(host, "Correct").ret == 0
+    done = _suites(host, "Correct", "-k", "not 0.22.1")
+    out = done.stdout.str()
+    run = re.search(r"^kvconform run (\S+)$", out, re.M).group(1)
+    assert re.search(r"^kvconform 0\.22\.1 \(replay\) host-correct: not run \(this run checked nothing of it",
+                     out, re.M), out[-3000:]
+    assert re.search(r"^kvconform 0\.25\.1 \(replay\) host-correct: \d+ bit-identical", out, re.M), out[-3000:]
+    lines = (host.path / "results" / "0.25.1" / "results.jsonl").read_text().splitlines()
+    assert lines and all(f'"run": "{run}"' in line for line in lines)
+    assert re.search(r"^kvconform slowest bit-identity: \d+\.\d+ s 0\.25\.1 ", out, re.M), out[-3000:]
+
+
 def test_no_release_without_vllm_is_a_usage_error_naming_the_recordings(host):
     done = host.runpytest_subprocess("--pyargs", "kvconform.suites")
     assert done.ret == pytest.ExitCode.USAGE_ERROR

@@ -189,7 +189,7 @@ def test_command_writes_markdown_html_and_json(tmp_path):
     assert report.main([str(root), "--out", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "report.md").read_text()
     assert md.startswith("# kvconform conformance report\n\n**RED: 3 new findings in 3 releases**\n")
-    assert "| 0.9.2 | replay | · | · | **✗1** | · |" in md
+    assert re.search(r"\| 0\.9\.2 \| replay, run unknown at \S+ \| · \| · \| \*\*✗1\*\* \| · \|", md), md
     assert ET.fromstring((tmp_path / "out" / "report.html").read_text()).tag == "html"
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["releases"][0] == "0.8.5.post1" and data["verdict"].startswith("RED")
@@ -235,3 +235,24 @@ def test_cache_dtypes_get_their_own_matrix_and_geometries_name_their_backends(tm
     backends = md[md.index("## Which backends hand each geometry"):].splitlines()
     assert any(line.startswith("- packed:B.H.N.C: ") and "FLASH_ATTN (0.33.0)" in line for line in backends), backends
     assert "release × cache dtype" in report.html_page(data)
+
+
+def test_the_report_names_the_run_each_release_comes_from(tmp_path):
+    root = tmp_path / "results"
+    results.append(root, Result("0.25.1", "replay", "builtin", "g", "bit-identity", "none", "bit-identical",
+                                run="20261201T090000Z-aaaaaa"), "w")
+    results.append(root, Result("0.33.0", "live", "builtin", "g", "bit-identity", "none", "bit-identical",
+                                run="20261201T100000Z-bbbbbb", time="2026-12-01T10:02:03+00:00"), "w")
+    data = fold(root)
+    assert [r["run"] for r in data["runs"]["0.25.1"]] == ["20261201T090000Z-aaaaaa"]
+    assert data["runs"]["0.33.0"] == [{"run": "20261201T100000Z-bbbbbb", "time": "2026-12-01T10:02:03+00:00"}]
+    md = report.markdown(data)
+    assert "| 0.33.0 | live, run 20261201T100000Z-bbbbbb at 2026-12-01T10:02:03+00:00 |" in md, md
+    assert "run 20261201T090000Z-aaaaaa at 20" in md  # the time append() stamped
+
+
+def test_a_timeout_is_an_error_in_the_report_never_a_pass(tmp_path):
+    root = tmp_path / "results"
+    add(root, "0.25.1", "g", "timeout", diagnosis="timeout: item ran past its limit of 600 s")
+    data = fold(root)
+    assert data["verdict"].startswith("RED") and report.mark("timeout") is report.ERROR

@@ -1,6 +1,7 @@
 """Result lines: per-worker files merged into one file per release; outcome words checked."""
 
 import json
+import re
 
 import pytest
 
@@ -30,8 +31,13 @@ def test_lines_are_plain_json_with_every_field(tmp_path):
     path = results.merge(tmp_path, "0.30.0")
     line = json.loads(path.read_text())
     assert set(line) == {"release", "source", "subject", "geometry", "check", "sparsity", "outcome", "case",
-                         "repro", "diagnosis", "known", "device"}
+                         "repro", "diagnosis", "known", "device", "run", "time", "seconds"}
     assert line["outcome"] == "differs" and line["diagnosis"] == "3 of 8 differ"
+    assert re.fullmatch(r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", line["time"])  # stamped when written
+
+
+def test_run_ids_are_unique():
+    assert len({results.new_run_id() for _ in range(100)}) == 100
 
 
 def test_unknown_outcome_words_are_refused():

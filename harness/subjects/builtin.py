@@ -44,7 +44,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 # Runtime integers (lengths, counts, strides, window sizes) never specialise a kernel: Triton would otherwise
 # compile a new variant whenever one of them turns divisible by 16 or equal to 1, i.e. for almost every new case.
-# What is compiled is the constexprs alone (see `variant`), a small set that a session warms up once. The one fact
+# What is compiled is the constexprs and the tensors' types alone, a small set that a session warms up once. The one fact
 # specialisation gave the compiler, strides divisible by 16 (without it no load is vectorised), is stated instead:
 # every stride is a multiple of ALIGN elements (launch refuses others), so every row offset is too.
 ALIGN = tl.constexpr(16)
@@ -345,12 +345,6 @@ def constexprs(case: Case, tile: TileConfig, paged: bool) -> dict[str, int | boo
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, SPLIT=num_splits(case, tile) > 1,
         DOT_F32=case.dtype == "float32" or (case.dtype == "bfloat16" and INTERPRETED),
     )
-
-
-def variant(case: Case, tile: TileConfig, paged: bool) -> tuple:
-    """What one launch compiles: the attention kernel's constexprs and dtype (plus the combine kernel's, when the
-    case splits)."""
-    return case.dtype, tile, tuple(sorted(constexprs(case, tile, paged).items()))
 
 
 def launch(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None,
