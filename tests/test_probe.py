@@ -326,3 +326,37 @@ def test_probe_without_vllm_says_so(monkeypatch):
 
 def _not_found(name):
     raise p.importlib.metadata.PackageNotFoundError(name)
+
+
+def test_a_backend_module_that_fails_to_import_is_recorded_unreadable_and_named_by_the_drift_check(
+        monkeypatch, tmp_path):
+    from harness import fixtures
+    from harness.probe import backends
+
+    (tmp_path / "flashinfer.py").write_text("import kvconform_no_such_dependency\n")
+    (tmp_path / "triton_attn.py").write_text("from vllm.v1.attention.backends import no_such_name\n")
+    for name in ("vllm", "vllm.v1", "vllm.v1.attention"):
+        monkeypatch.setitem(sys.modules, name, _mod(name, __path__=[]))
+    pkg = "vllm.v1.attention.backends"
+    monkeypatch.setitem(sys.modules, pkg, _mod(pkg, __path__=[str(tmp_path)]))
+    monkeypatch.setattr(backends, "BACKENDS", tuple(
+        b for b in backends.BACKENDS if b.name in ("FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")))
+
+    contracts, observed = backends.read("0.26.0", enum_era=False)
+
+    assert contracts == []
+    assert observed["FLASHINFER"] == {"present": True, "read": False, "why": (
+        f"not importable: importing {pkg}.flashinfer raised ModuleNotFoundError: No module named "
+        "'kvconform_no_such_dependency'")}
+    assert observed["TRITON_ATTN"]["read"] is False
+    assert observed["TRITON_ATTN"]["why"].startswith(
+        f"not importable: importing {pkg}.triton_attn raised ImportError: cannot import name 'no_such_name'")
+    assert observed["FLEX_ATTENTION"]["present"] is False  # no module at all: absent from the release
+
+    fi = Contract(BLOCKS_FIRST, BLOCKS_FIRST, "vllm 0.26.0 FLASHINFER VLLM_KV_CACHE_LAYOUT=NHD")
+    read = {"present": True, "read": True}
+    recorded = fixtures.Recording("0.26.0", (fi,), {"backends": {"FLASHINFER": read, "TRITON_ATTN": read}})
+    lines = fixtures.drift(recorded, fixtures.Recording("0.26.0", (), {"backends": observed}))
+    assert lines == [f"backend FLASHINFER could not be imported or read: {observed['FLASHINFER']['why']}; the "
+                     "recording read 1 contract from it",
+                     f"backend TRITON_ATTN could not be imported or read: {observed['TRITON_ATTN']['why']}"]

@@ -75,15 +75,19 @@ def read(version: str, enum_era: bool) -> tuple[list[Contract], dict[str, Any]]:
     for b in BACKENDS:
         stubbed = ""
         try:
-            mod = p.module(b.path)
-        except p.ProbeError as e:
-            missing = getattr(e.__cause__, "name", None) or ""
-            if missing.split(".")[0] not in GPU_LIBRARIES:
-                observed[b.name] = {"present": True, "read": False, "why": f"not importable on the CPU: {e}"}
-                continue
-            stubbed = missing.split(".")[0]
-            with stubs(stubbed):
+            try:
                 mod = p.module(b.path)
+            except p.ProbeError as e:
+                stubbed = (getattr(e.__cause__, "name", None) or "").split(".")[0]
+                if stubbed not in GPU_LIBRARIES:
+                    raise
+                with stubs(stubbed):
+                    mod = p.module(b.path)
+        except Exception as e:  # noqa: BLE001 - any import failure; the drift check names it, the others are read
+            err = e.__cause__ if isinstance(e, p.ProbeError) and e.__cause__ is not None else e
+            observed[b.name] = {"present": True, "read": False,
+                                "why": f"not importable: importing {b.path} raised {type(err).__name__}: {err}"}
+            continue
         cls = getattr(mod, b.cls, None) if mod is not None else None
         if cls is None:
             observed[b.name] = {"present": False, "why": f"no {b.path}.{b.cls} in this release"}
