@@ -6,7 +6,8 @@
 #
 # Usage: scripts/slim_vllm.sh RELEASE [FILELIST] [WHEELDIR]  ->  .vllm-slim/vllm-RELEASE-slim.tar.xz
 #   FILELIST (default scripts/vllm-RELEASE-files.txt): 'pip NAME==VER' lines (wheels into site312/), vllm/ paths to
-#     keep (how they were found: see the list's header), '#' comments.
+#     keep (how they were found, and scripts/check_slim.sh that checks them: see the list's header), 'omit vllm/...'
+#     lines (never carried), '#' comments.
 #   WHEELDIR: optional folder of further wheels to install into site312/.
 #   SM (env, default 90 = H100/H200): the kernel library is stripped and its CUDA fatbins keep only the SM_$SM cubins
 #     (sm_90 and sm_90a); a fatbin container without one is emptied in place (size 0; offsets, which the host code
@@ -15,7 +16,7 @@
 #     H200 for 0.22.1, 0.25.1, 0.26.0: the library loads and reshape_and_cache_flash writes K/V exactly, under
 #     CUDA_MODULE_LOADING=EAGER and LAZY.
 #   ALL_PY=1 (env): keep every vllm/*.py of the wheel instead of the listed ones (+ ~2.5-3 MB per archive), except
-#     vllm/third_party/pynvml.py (see the lists' header): for a release whose list is not yet known.
+#     the list's 'omit' ones: for a release whose list is not yet known.
 #   KERNELS (env, optional): keep device code only in containers whose cubin names a kernel containing this string
 #     (e.g. reshape_and_cache_flash): the library then shrinks to about its host code (needs the zstd tool; not yet
 #     run on a GPU).
@@ -35,7 +36,8 @@ whl=$(ls "$work"/dl/vllm-"$release"-*.whl)
 mkdir -p "$work/tree/site312"
 grep '^vllm/' "$files" > "$work/keep"
 if [ "${ALL_PY:-}" = 1 ]; then
-    unzip -Z1 "$whl" | grep '^vllm/.*\.py$' | grep -vx 'vllm/third_party/pynvml.py' | sort -u - "$work/keep" > "$work/all"
+    sed -n 's/^omit //p' "$files" > "$work/omit"
+    unzip -Z1 "$whl" | grep '^vllm/.*\.py$' | grep -vxF -f "$work/omit" | sort -u - "$work/keep" > "$work/all"
     mv "$work/all" "$work/keep"
 fi
 (cd "$work/tree" && unzip -q "$whl" "vllm-$release.dist-info/METADATA" $(cat "$work/keep"))
