@@ -1,3 +1,35 @@
-"""kvconform.suites.test_split, run by this repository's own CI."""
+"""The subject's own K/V split of the release's kv_cache is the contract's split: the same views of the same memory
+(shape, strides, storage offset, data pointer, storage). Equal views read equal values, so values are not compared;
+a copy with equal values would still fail here, since it would hide a wrong layout from every later write."""
 
-from kvconform.suites.test_split import *  # noqa: F401,F403
+from harness.results import Word
+
+CHECK = "split-agrees"
+NEEDS = frozenset({"split"})  # the subject capabilities this check needs (harness.subjects)
+
+
+def check(run, ex, _):
+    kv_cache = ex.contract.allocate(ex.dims, ex.case.torch_dtype, run.device)
+    got = run.call(run.subject.split, kv_cache, ex.contract)
+    want = ex.contract.split(kv_cache, ex.dims)
+    if not isinstance(got, tuple) or len(got) != 2:
+        return run.outcome(Word.DIFFERS, f"split returned {type(got).__name__}, expected a (K, V) pair")
+    for name, a, b in zip("KV", got, want):
+        fields = {"shape": (tuple(a.shape), tuple(b.shape)), "stride": (a.stride(), b.stride()),
+                  "storage_offset": (a.storage_offset(), b.storage_offset()),
+                  "data_ptr": (a.data_ptr(), b.data_ptr()),
+                  "storage": (a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()),
+                  "dtype": (a.dtype, b.dtype)}
+        wrong = [f"{k} {x} (contract: {y})" for k, (x, y) in fields.items() if x != y]
+        if wrong:
+            return run.outcome(Word.DIFFERS, f"{name} view of kv_cache {tuple(kv_cache.shape)} strides "
+                                          f"{kv_cache.stride()}: {'; '.join(wrong)}")
+    return run.outcome(Word.BIT_IDENTICAL)
+
+
+def test_split_agrees(conformance, target):
+    conformance.run(target, CHECK, check, needs_subject=False, launches_kernels=False)
+
+
+def test_split_agrees_regression(conformance, regression):
+    conformance.replay(regression, CHECK, check, needs_subject=False)
