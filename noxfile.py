@@ -127,6 +127,11 @@ def replay(session: nox.Session) -> None:
         session.log(f"replaying {len(recorded)} recorded releases: {', '.join(recorded)}")
         session.run("pytest", "conformance", "--kvconform-release", "recorded", "-n", "2",
                     "--hypothesis-profile=kvconform-ci", f"--junitxml={junit}", *args, env={"TRITON_INTERPRET": "1"})
+        session.log("and for the example offloader (examples/offloader.py), whose split and transfer checks run")
+        session.run("pytest", "conformance", "--kvconform-release", "recorded", "-n", "2",
+                    "--hypothesis-profile=kvconform-ci", "--kvconform-subject=offloader:Offloader",
+                    f"--junitxml={junit.with_name('junit-offloader.xml')}", *args,
+                    env={"TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "examples")})
 
 
 @nox.session(venv_backend="none")

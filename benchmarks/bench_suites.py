@@ -29,9 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from harness import matrix, results  # noqa: E402
+from harness import checks, matrix, results  # noqa: E402
 
-KERNEL_CHECKS = ("bit-identity", "determinism", "oracle")
+KERNEL_CHECKS = checks.KERNEL_CHECKS
 RAN = ("bit-identical", "within-tolerance", "differs")  # kernel examples whose kernels ran
 
 

@@ -33,13 +33,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import findings, fixtures  # noqa: E402
+from harness import checks, findings, fixtures  # noqa: E402
 from harness.cache import paging, write  # noqa: E402
 from harness.cases import Case, Sparsity  # noqa: E402
 from harness.compare import Diagnosis, diagnose  # noqa: E402
 from harness.contract import Contract, ContractError, Dims  # noqa: E402
 from harness.results import PASSING, Result  # noqa: E402
 from harness.subjects.modelopt import ModeloptSubject, ModeloptUnavailable, VllmRelease, split_mismatch  # noqa: E402
+
+KERNEL_ROWS = (checks.BIT_IDENTITY.name, checks.DETERMINISM.name)  # the pinned lane's checks
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -111,9 +113,13 @@ class Run:
                 self.memo[key] = self.geometry(subject, contract)
             for check, sparsity, outcome, case, repro, diagnosis in self.memo[key]:
                 hit = findings.match(self.known, rec.release, contract.name, sparsity, check, outcome)
-                out.append(Result(rec.release, "replay", "modelopt", contract.name, check, sparsity, outcome,
-                                  case, f"vllm {rec.release} {contract.name} {repro}", diagnosis,
-                                  hit.id if hit else ""))
+                out.append(Result(run="gpu_modelopt", release=rec.release, source="replay", subject="modelopt",
+                                  geometry=contract.name, check=check, sparsity=sparsity, outcome=outcome, case=case,
+                                  repro=f"vllm {rec.release} {contract.name} {repro}", diagnosis=diagnosis,
+                                  known=hit.id if hit else "", cache_dtype=contract.cache_dtype,
+                                  family=contract.family, order=".".join(contract.physical),
+                                  backends=(contract.origin.backend_name,),
+                                  layers="cross-layer" if contract.shared else "per-layer"))
         self.results.extend(out)
         return out
 
@@ -124,12 +130,12 @@ class Run:
         try:
             views = subject.split(kv, contract)
         except ContractError as err:
-            return [("split-agrees", "*", "contract-error", "", "plugin split", str(err))] + [
+            return [(checks.SPLIT_AGREES.name, "*", "contract-error", "", "plugin split", str(err))] + [
                 (check, case.sparsity.mode, "contract-error", case.digest(), repr(case), str(err))
-                for check in ("bit-identity", "determinism") + (("ulp-autotuned",) * self.autotune)
+                for check in KERNEL_ROWS + ((checks.ULP_AUTOTUNED.name,) * self.autotune)
                 for case in self.cases.values()]
         bad = split_mismatch(views, contract.split(kv))
-        rows.append(("split-agrees", "*", "differs" if bad else "bit-identical", "", "plugin split", bad or ""))
+        rows.append((checks.SPLIT_AGREES.name, "*", "differs" if bad else "bit-identical", "", "plugin split", bad or ""))
         for name, case in self.cases.items():
             rows.extend(self.case(subject, contract, name, case))
         return rows
@@ -139,7 +145,7 @@ class Run:
         reason = subject.supports(case)
         if reason:
             return [(c, mode, "unsupported", digest, repr(case), reason)
-                    for c in ("bit-identity", "determinism") + (("ulp-autotuned",) * self.autotune)]
+                    for c in KERNEL_ROWS + ((checks.ULP_AUTOTUNED.name,) * self.autotune)]
         q, k, v = self.inputs[name]
         dims = dims_for(contract, case)
         kv = contract.allocate(dims, case.torch_dtype, DEVICE)
@@ -153,8 +159,8 @@ class Run:
             paged = subject.paged_forward(case, q, k_cache, v_cache, pg, tile)
             again = subject.paged_forward(case, q, k_cache, v_cache, pg, tile)
         except Exception as err:  # noqa: BLE001 - modelopt raising on a case it supports is the finding
-            return [("bit-identity", mode, "subject-error", digest, repr(case), f"{type(err).__name__}: {err}")]
-        for check, d in (("bit-identity", diagnose(paged, dense)), ("determinism", diagnose(again, paged))):
+            return [(checks.BIT_IDENTITY.name, mode, "subject-error", digest, repr(case), f"{type(err).__name__}: {err}")]
+        for check, d in zip(KERNEL_ROWS, (diagnose(paged, dense), diagnose(again, paged))):
             rows.append((check, mode, "bit-identical" if d is None else "differs", digest, f"{name} tile={tile}",
                          "" if d is None else str(d)))
         if self.autotune:
@@ -163,10 +169,10 @@ class Run:
                 paged_a = subject.paged_forward(case, q, k_cache, v_cache, pg, None)
             except Exception as err:  # noqa: BLE001
                 why = f"{type(err).__name__}: {err}"
-                rows.append(("ulp-autotuned", mode, "subject-error", digest, repr(case), why))
+                rows.append((checks.ULP_AUTOTUNED.name, mode, "subject-error", digest, repr(case), why))
                 return rows
             outcome, figures = verdict(diagnose(paged_a, dense_a), case, v)
-            rows.append(("ulp-autotuned", mode, outcome, digest, f"{name} autotuned",
+            rows.append((checks.ULP_AUTOTUNED.name, mode, outcome, digest, f"{name} autotuned",
                          f"paged tuned to {subject.last_tile}, dense to {dense_tile}; {figures}"))
             self.paged_auto[name].append((contract.name, paged_a))
         return rows
@@ -228,8 +234,9 @@ def main() -> int:
         if out_dir:
             with open(out_dir / "modelopt.jsonl", "w") as f:
                 for release in releases:
-                    f.write(json.dumps(asdict(Result(release, "replay", "modelopt", "*", "*", "*", "install-error",
-                                                     diagnosis=str(err)))) + "\n")
+                    f.write(json.dumps(asdict(Result(run="gpu_modelopt", release=release, source="replay",
+                                                     subject="modelopt", check=checks.INSTALL.name,
+                                                     outcome="install-error", diagnosis=str(err)))) + "\n")
         return 1
     if live:
         sys.exit("vLLM is installed here: this script replays recorded releases; run it where vLLM is absent")
@@ -244,9 +251,9 @@ def main() -> int:
         rec = fixtures.load(release, args.fixtures)
         res = run.release(rec)
         by_check = {c: Counter(r.outcome for r in res if r.check == c)
-                    for c in ("split-agrees", "bit-identity", "determinism", "ulp-autotuned")}
+                    for c in (checks.SPLIT_AGREES.name, checks.BIT_IDENTITY.name, checks.DETERMINISM.name, checks.ULP_AUTOTUNED.name)}
         ulps = [float(re.search(r"max ULP (\S+),", r.diagnosis).group(1)) for r in res
-                if r.check == "ulp-autotuned" and "max ULP" in r.diagnosis]
+                if r.check == checks.ULP_AUTOTUNED.name and "max ULP" in r.diagnosis]
         summary = "; ".join(f"{c} " + ", ".join(f"{o} {n}" for o, n in cnt.most_common())
                             for c, cnt in by_check.items() if cnt)
         new = sum(1 for r in res if r.outcome not in PASSING and not r.known)
@@ -257,9 +264,9 @@ def main() -> int:
             print(f"    autotuned paged vs dense: max ULP {max(ulps):g} over {len(ulps)} (geometry, case) pairs, "
                   f"{sum(u == 0 for u in ulps)} with no difference")
     report = "\n\n".join([
-        matrix(run.results, ("split-agrees", "bit-identity", "determinism"), "pinned tile: split-agrees, bit-identity, "
+        matrix(run.results, (checks.SPLIT_AGREES.name, checks.BIT_IDENTITY.name, checks.DETERMINISM.name), "pinned tile: split-agrees, bit-identity, "
                "determinism (counts per release x geometry)"),
-        matrix(run.results, ("ulp-autotuned",), "autotuned lane: paged vs dense within the rounding budget of a "
+        matrix(run.results, (checks.ULP_AUTOTUNED.name,), "autotuned lane: paged vs dense within the rounding budget of a "
                "different tile (never bit-identity)") if CUDA else "autotuned lane: not run (no CUDA)",
         "autotuned paged output across geometries:\n" + "\n".join(run.across_geometries() or ["(not run)"]),
     ])

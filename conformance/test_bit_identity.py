@@ -1,7 +1,8 @@
 """Paged forward over the subject's own split of the release's kv_cache is bit-identical to its dense forward."""
 
-CHECK = "bit-identity"
-NEEDS = frozenset({"split", "forward"})  # the subject capabilities this check needs (harness.subjects)
+from harness import checks
+
+CHECK = checks.BIT_IDENTITY  # its declaration: what it needs, costs and draws
 
 
 def check(run, ex, _):

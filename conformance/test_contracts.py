@@ -2,10 +2,10 @@
 
 import pytest
 
+from harness import checks
 from harness.results import Word
 
-CHECK = "contracts"
-NEEDS = frozenset()  # needs nothing of the subject: applies to every subject
+CHECK = checks.CONTRACTS  # its declaration: what it needs, costs and draws
 
 
 def test_release_contracts(conformance, release_contracts):
@@ -17,12 +17,12 @@ def test_release_contracts(conformance, release_contracts):
         pytest.fail(f"contract-error for vLLM {r.release} ({r.source}): {r.error}")
     if r.source == "replay":
         # Nothing to compare: the fixture is the contract. Reported as a skip, never as a pass of the drift check.
-        conformance.record_release(r, "drift", conformance.outcome(Word.SKIPPED, "vLLM not installed: replayed"))
+        conformance.record_release(r, checks.DRIFT, conformance.outcome(Word.SKIPPED, "vLLM not installed: replayed"))
         pytest.skip(f"vLLM not installed: {r.release} replayed from its recorded fixture, no drift check")
     if r.drift:
         diff = "; ".join(r.drift)
-        known = conformance.record_release(r, "drift", conformance.outcome(Word.DIFFERS, diff))
+        known = conformance.record_release(r, checks.DRIFT, conformance.outcome(Word.DIFFERS, diff))
         if known:
             pytest.xfail(f"known finding {known}: {diff}")
         pytest.fail(f"vLLM {r.release}: the live contract drifted from the recording: {diff}")
-    conformance.record_release(r, "drift", conformance.outcome(Word.BIT_IDENTICAL))
+    conformance.record_release(r, checks.DRIFT, conformance.outcome(Word.BIT_IDENTICAL))

@@ -1,7 +1,8 @@
 """The same inputs through the paged forward twice give the same bits."""
 
-CHECK = "determinism"
-NEEDS = frozenset({"split", "forward"})  # the subject capabilities this check needs (harness.subjects)
+from harness import checks
+
+CHECK = checks.DETERMINISM  # its declaration: what it needs, costs and draws
 
 
 def check(run, ex, _):

@@ -1,16 +1,13 @@
 """A malformed kv_cache given to the subject's split is refused with the documented ContractError, whose message
 names the tensor's full shape and the expected contract."""
 
-from hypothesis import strategies as st
-
+from harness import checks
 from harness.contract import ContractError
 from harness.results import Word
 
-CHECK = "rejects-malformed"
-NEEDS = frozenset({"split"})  # the subject capabilities this check needs (harness.subjects)
-# Each breaks the contract in a way that is visible without knowing the sizes (the Subject.split protocol gets the
-# cache and the contract only).
-MUTATIONS = ("extra-axis", "bad-kv-or-c-size", "strided-innermost", "ignored-physical-order", "swapped-n-h")
+CHECK = checks.REJECTS_MALFORMED  # its declaration: what it needs, costs and draws
+# Each malformation (harness.strategies.MALFORMATIONS) breaks the contract in a way that is visible without knowing
+# the sizes (the Subject.split protocol gets the cache and the contract only).
 
 
 def malform(kv_cache, contract, mutation):
@@ -60,9 +57,8 @@ def check(run, ex, mutation):
 
 
 def test_rejects_malformed(conformance, target):
-    conformance.run(target, CHECK, check, extra=st.sampled_from(MUTATIONS), needs_subject=False,
-                    launches_kernels=False)
+    conformance.run(target, CHECK, check)
 
 
 def test_rejects_malformed_regression(conformance, regression):
-    conformance.replay(regression, CHECK, check, needs_subject=False)
+    conformance.replay(regression, CHECK, check)

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from harness import reference
+from harness import checks, reference
 from harness.cases import Case
 from harness.results import Word
 from harness.subjects import SparsitySemantics, TileConfig, semantics_of
 
-CHECK = "oracle"
-NEEDS = frozenset({"forward"})  # the subject capabilities this check needs (harness.subjects)
+CHECK = checks.ORACLE  # its declaration: what it needs, costs and draws
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,10 @@
 (shape, strides, storage offset, data pointer, storage). Equal views read equal values, so values are not compared;
 a copy with equal values would still fail here, since it would hide a wrong layout from every later write."""
 
+from harness import checks
 from harness.results import Word
 
-CHECK = "split-agrees"
-NEEDS = frozenset({"split"})  # the subject capabilities this check needs (harness.subjects)
+CHECK = checks.SPLIT_AGREES  # its declaration: what it needs, costs and draws
 
 
 def check(run, ex, _):
@@ -28,8 +28,8 @@ def check(run, ex, _):
 
 
 def test_split_agrees(conformance, target):
-    conformance.run(target, CHECK, check, needs_subject=False, launches_kernels=False)
+    conformance.run(target, CHECK, check)
 
 
 def test_split_agrees_regression(conformance, regression):
-    conformance.replay(regression, CHECK, check, needs_subject=False)
+    conformance.replay(regression, CHECK, check)

@@ -10,13 +10,12 @@ long as a K/V axis), then generated ones, half of them at 2 or 3 pages.
 
 import torch
 
-from harness import transfer
+from harness import checks, transfer
 from harness.compare import bits
 from harness.contract import poison
 from harness.results import Word
 
-CHECK = "transfer"
-NEEDS = frozenset({"transfer"})  # the subject capabilities this check needs (harness.subjects)
+CHECK = checks.TRANSFER  # its declaration: what it needs, costs and draws
 
 
 def _where(ex, first: int) -> str:
@@ -65,8 +64,7 @@ def check(run, ex, seed):
 
 
 def test_transfer(conformance, target):
-    conformance.run(target, CHECK, check, extra=transfer.seeds(), launches_kernels=False,
-                    strategy=transfer.examples, explicit=transfer.explicit)
+    conformance.run(target, CHECK, check)
 
 
 def test_transfer_regression(conformance, regression):

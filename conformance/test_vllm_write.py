@@ -9,11 +9,11 @@ import importlib.util
 import pytest
 import torch
 
+from harness import checks
 from harness.cache import read
 from harness.results import Word
 
-CHECK = "vllm-write"
-NEEDS = frozenset()  # needs nothing of the subject: applies to every subject
+CHECK = checks.VLLM_WRITE  # its declaration: what it needs, costs and draws
 
 
 def _skip_reason():
@@ -82,4 +82,4 @@ def test_vllm_write(conformance, target):
         reason = reason or "contracts replayed from a fixture: the installed vLLM is not this release"
         conformance.record_target(target, CHECK, conformance.outcome(Word.SKIPPED, reason))
         pytest.skip(reason)
-    conformance.run(target, CHECK, check, needs_subject=False)
+    conformance.run(target, CHECK, check)

@@ -7,7 +7,9 @@ files (`put_group`), a cached one is found as that group (`get_group`), so the t
 decides to compile. The warm-up runs a subject's paged and dense forwards over small cases that span every
 compile-time choice (`harness.strategies.warmup_shards`) in one geometry per K/V element type the session's caches
 hand the kernels (`forwards`: what the forward checks launch), spread over processes, one shard and geometry per
-process: Triton compiles one kernel at a time per process, so processes are how compiles run in parallel.
+process: Triton compiles one kernel at a time per process, so processes are how compiles run in parallel. A session
+runs it behind the checks that launch no kernel (`Session.warm_behind`); kernel items wait for its end
+(`await_warmup`), so that their examples only load kernels.
 `launch_key` says what one launch compiles, read from its arguments as Triton's specialisation reads them. A warm-up that ended
 without errors leaves a marker in the Triton cache named by its fingerprint; a later one with the same fingerprint
 has nothing to build and is skipped (whatever is missing after all is compiled by the examples, and counted).
@@ -100,6 +102,27 @@ def fingerprint(subject: object, case_shards: list[list[Case]], contracts: list[
 
 def _marker(key: str) -> Path:
     return Path(triton.knobs.cache.dir) / "kvconform-warmup" / key
+
+
+def _ended(run: str) -> Path:
+    return Path(triton.knobs.cache.dir) / "kvconform-warmup" / f"ended-{run}"
+
+
+def warm_ended(run: str, what: str) -> None:
+    """Say that run `run`'s warm-up has ended (`what` it did), for the processes waiting on it."""
+    _ended(run).parent.mkdir(parents=True, exist_ok=True)
+    _ended(run).write_text(what + "\n")
+
+
+def await_warmup(run: str, limit: float) -> str:
+    """Wait until run `run`'s warm-up has ended, at most `limit` seconds (0: no limit); what it did. TimeoutError
+    past the limit."""
+    start = time.perf_counter()
+    while not _ended(run).exists():
+        if limit and time.perf_counter() - start > limit:
+            raise TimeoutError(f"the session warm-up of run {run} did not end within {limit:g} s")
+        time.sleep(0.2)
+    return _ended(run).read_text().strip()
 
 
 def warm(subject: str, case_shards: list[list[Case]], contracts: list[Contract], devices: list[str],

@@ -17,11 +17,10 @@ import re
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import fixtures
-from harness.contract import ContractError
+from harness import checks
 from harness.results import PASSING, STALE, Result, read
 
 # Worst first: what a reader must see before anything else in a cell.
@@ -29,15 +28,8 @@ SEVERITY = ("harness-error", "install-error", "contract-error", "subject-error",
             "unsupported", "not-run", "skipped", "not-applicable", STALE, "bit-identical", "within-tolerance",
             "rejected")
 
-# Checks in the order a reader follows a release: could it be installed and read, then the layout, then the kernels.
-CHECK_ORDER = ("install", "contracts", "drift", "split-agrees", "rejects-malformed", "transfer", "bit-identity",
-               "determinism", "oracle", "vllm-write")
-
-# What a stored outcome word means for the check that recorded it. Displayed only: results and report.json keep the
-# stored word, so that one word still means one thing across checks.
-SAYS = {("drift", "bit-identical"): "no drift", ("drift", "differs"): "drift",
-        ("split-agrees", "bit-identical"): "agrees", ("split-agrees", "differs"): "disagrees",
-        ("determinism", "differs"): "nondeterministic", ("oracle", "differs"): "out of tolerance"}
+# Checks in their declared order (harness.checks): could a release be installed and read, the layout, the kernels.
+CHECK_ORDER = tuple(c.name for c in checks.CHECKS)
 
 LEGEND = ("A cell shows its worst outcome's mark and how many results have that mark (every word and count: "
           "Details); · nothing recorded.")
@@ -77,7 +69,7 @@ def _release_key(release: str):
 
 
 def _word(r: Result) -> str:
-    return f"{r.outcome} [known]" if r.known and r.outcome != STALE else r.outcome
+    return f"{r.outcome.value} [known]" if r.known and r.outcome != STALE else r.outcome.value
 
 
 def _rank(word: str) -> tuple[int, str]:
@@ -91,9 +83,10 @@ def mark(word: str) -> Mark:
 
 
 def says(check: str, word: str) -> str:
-    """The word a reader sees for `word` recorded by `check` ("no drift" for the drift check's bit-identical)."""
+    """The word a reader sees for `word` recorded by `check` ("no drift" for the drift check's bit-identical). Displayed
+    only: results and report.json keep the stored word, so that one word still means one thing across checks."""
     base = word.removesuffix(" [known]")
-    return SAYS.get((check, base), base) + word[len(base):]
+    return checks.says(check, base) + word[len(base):]
 
 
 def marks(counts: dict[str, int]) -> list[tuple[Mark, int]]:
@@ -159,15 +152,20 @@ def fold(rows: list[Result]) -> dict:
     """The report as data: per subject a release x geometry and a release x check matrix of outcome counts, and the
     lists to act on."""
     matrix: dict[str, dict[str, dict[str, Counter]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
-    checks: dict[str, dict[str, dict[str, Counter]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
+    by_check: dict[str, dict[str, dict[str, Counter]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
     sources: dict[str, set[str]] = defaultdict(set)
     runs: dict[str, dict[str, str]] = defaultdict(dict)  # release -> run id -> when its last line was written
     dtypes: dict[str, dict[str, dict[str, Counter]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
+    family: dict[str, str] = {}  # geometry -> its family as a column head (with its cache dtype), read off the lines
+    backends: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # geometry -> backend -> releases
     for r in rows:
         matrix[r.subject][r.release][r.geometry][_word(r)] += 1
-        checks[r.subject][r.release][r.check][_word(r)] += 1
-        if ":" in r.geometry:
-            dtypes[r.subject][r.release][_dtype(r.geometry)][_word(r)] += 1
+        by_check[r.subject][r.release][r.check][_word(r)] += 1
+        if r.family:
+            dtypes[r.subject][r.release][r.cache_dtype][_word(r)] += 1
+            family[r.geometry] = r.family + ("" if r.cache_dtype == "auto" else f"@{r.cache_dtype}")
+            for b in r.backends:
+                backends[r.geometry][b].add(r.release)
         sources[r.release].add(r.source)
         runs[r.release][r.run] = max(runs[r.release].get(r.run, ""), r.time)
     new = [r for r in rows
@@ -179,7 +177,7 @@ def fold(rows: list[Result]) -> dict:
     releases = sorted({r.release for r in rows}, key=_release_key)
     first: dict[str, int] = {}  # a family's or geometry's first release: read in the order vLLM introduced them
     for r in rows:
-        for key in {_family(r.geometry), r.geometry}:
+        for key in {family.get(r.geometry, r.geometry), r.geometry}:
             first[key] = min(first.get(key, len(releases)), releases.index(r.release))
 
     def ordered(table: dict[str, dict[str, dict[str, Counter]]]) -> dict:
@@ -192,47 +190,31 @@ def fold(rows: list[Result]) -> dict:
         "runs": {k: [{"run": run or "unknown", "time": t or "unknown"} for run, t in sorted(v.items())]
                  for k, v in runs.items()},
         "geometries": sorted({r.geometry for r in rows},
-                             key=lambda g: (":" not in g, first[_family(g)], first[g], g)),
+                             key=lambda g: (g not in family, first[family.get(g, g)], first[g], g)),
+        "families": family,
+        "orders": {r.geometry: r.order for r in rows if r.order},
         "matrix": ordered(matrix),
-        "checks": ordered(checks),
+        "checks": ordered(by_check),
         "cache_dtypes": ordered(dtypes),
-        "backends": _backends(releases, {r.geometry for r in rows}),
-        "new_findings": [r.__dict__ for r in new],
+        "backends": {g: [f"{b} ({span(rs, releases)})" for b, rs in sorted(by.items())]
+                     for g, by in backends.items()},
+        "new_findings": [_plain(r) for r in new],
         "known_findings": [dict(zip(("id", "release", "geometry", "check", "outcome"), k), count=n)
                            for k, n in sorted(known.items())],
-        "stale_findings": [r.__dict__ for r in rows if r.outcome == STALE],
+        "stale_findings": [_plain(r) for r in rows if r.outcome == STALE],
         "unsupported": [{"subject": s, "reason": d, "count": n} for (s, d), n in unsupported.most_common()],
     }
     data["verdict"] = verdict(data)
     return data
 
 
-def _dtype(geometry: str) -> str:
-    """`fp8_e4m3` of `packed:B.H.N.C@fp8_e4m3`, `auto` of a model-dtype geometry."""
-    return geometry.split("@")[1] if "@" in geometry else "auto"
+def _plain(r: Result) -> dict:
+    return {**asdict(r), "outcome": r.outcome.value}
 
 
-def _backends(releases: list[str], geometries: set[str]) -> dict[str, list[str]]:
-    """Per checked geometry, the attention backends whose recorded contracts hand a layer that geometry (with the
-    releases they do it in); a release without a shipped recording adds nothing."""
-    seen: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    for release in releases:
-        try:
-            rec = fixtures.load(release)
-        except ContractError:
-            continue
-        for c in rec.contracts:
-            if c.name in geometries and release not in seen[c.name][c.origin.backend_name]:
-                seen[c.name][c.origin.backend_name].append(release)
-    return {g: [f"{b} ({span(rs, releases)})" for b, rs in by.items()] for g, by in seen.items()}
-
-
-def _family(geometry: str) -> str:
-    """`kv-first` of `kv-first:KV.B.N.H.D`, `packed@fp8_e4m3` of `packed:B.H.N.C@fp8_e4m3`; a pseudo geometry (`dense`,
-    `*`) is its own family."""
-    if "@" in geometry:
-        return geometry.split(":")[0] + "@" + _dtype(geometry)
-    return geometry.split(":")[0]
+def _family(data: dict, geometry: str) -> str:
+    """The family a geometry's lines name (`packed@fp8_e4m3`); a pseudo geometry (`dense`, `*`) is its own."""
+    return data["families"].get(geometry, geometry)
 
 
 def _label(geometry: str) -> str:
@@ -258,10 +240,10 @@ def span(subset: Iterable[str], releases: list[str]) -> str:
     return ", ".join(", ".join(run) if len(run) <= 2 else f"{run[0]}–{run[-1]}" for run in runs)
 
 
-def _where(geometries: tuple[str, ...]) -> str:
+def _where(data: dict, geometries: tuple[str, ...]) -> str:
     if len(geometries) <= 3:
         return ", ".join(_label(g) for g in geometries)
-    families = Counter(_family(g) for g in geometries)
+    families = Counter(_family(data, g) for g in geometries)
     return f"{len(geometries)} geometries (" + ", ".join(f"{f} {n}" for f, n in families.items()) + ")"
 
 
@@ -287,9 +269,9 @@ def _totals(data: dict, subject: str) -> dict[str, int]:
     return dict(total)
 
 
-def _headline(g: Group, releases: list[str]) -> str:
-    return (f"{g.subject} · {', '.join(g.checks)} · {span(g.releases, releases)} · {_where(g.geometries)} · "
-            f"{_n(g.count, 'result')}")
+def _headline(data: dict, g: Group) -> str:
+    return (f"{g.subject} · {', '.join(g.checks)} · {span(g.releases, data['releases'])} · "
+            f"{_where(data, g.geometries)} · {_n(g.count, 'result')}")
 
 
 def _stale(data: dict) -> list[tuple[str, str, str]]:
@@ -317,8 +299,8 @@ def _md_mark(m: Mark, n: int | None = None) -> str:
     return f"**{text}**" if m.red else text  # no colour in markdown: red marks are bold
 
 
-def _md_group(g: Group, releases: list[str]) -> list[str]:
-    lines = [f"- **{mark(g.outcome).glyph} {g.word}** · {_headline(g, releases)}  ",
+def _md_group(data: dict, g: Group) -> list[str]:
+    lines = [f"- **{mark(g.outcome).glyph} {g.word}** · {_headline(data, g)}  ",
              f"  {g.diagnosis}"]
     if g.repros:
         lines += ["", "  ```", *(f"  {r}" for r in g.repros[:REPROS_SHOWN]), "  ```"]
@@ -354,7 +336,7 @@ def markdown(data: dict) -> str:
     if kinds:
         lines += ["", "## What broke (new findings, worst first)", ""]
         for g in kinds[:FIRST_GROUPS]:
-            lines += _md_group(g, releases)
+            lines += _md_group(data, g)
         if len(kinds) > FIRST_GROUPS:
             lines.append(f"- +{len(kinds) - FIRST_GROUPS} more kinds of new finding: under Details")
     lines += ["", "## Where: release × check", "", LEGEND + " " + " · ".join(
@@ -380,7 +362,7 @@ def markdown(data: dict) -> str:
     if len(kinds) > FIRST_GROUPS:
         lines += ["", "### More new findings", ""]
         for g in kinds[FIRST_GROUPS:]:
-            lines += _md_group(g, releases)
+            lines += _md_group(data, g)
     for subject in sorted(data["checks"]):
         columns = _columns(data, subject)
         lines += ["", f"### {subject}: every outcome word per release and check", "",
@@ -436,12 +418,12 @@ def _html_mark(m: Mark, n: int, tag: str = "span", title: str = "") -> str:
     return f'<{tag} class="m {m.name}"{t}>{m.glyph}{n:,}</{tag}>'
 
 
-def _html_group(g: Group, releases: list[str]) -> str:
+def _html_group(data: dict, g: Group) -> str:
     m = mark(g.outcome)
     more = (f"<p>+{len(g.repros) - REPROS_SHOWN:,} more REPRO lines (report.json <code>new_findings</code>)</p>"
             if len(g.repros) > REPROS_SHOWN else "")
     return (f'<div class="finding"><p><span class="m {m.name}">{m.glyph} {_h(g.word)}</span> '
-            f'{_h(_headline(g, releases))}</p><p class="diag">{_h(g.diagnosis)}</p>'
+            f'{_h(_headline(data, g))}</p><p class="diag">{_h(g.diagnosis)}</p>'
             + "".join(f"<pre>{_h(r)}</pre>" for r in g.repros[:REPROS_SHOWN]) + more + "</div>")
 
 
@@ -462,7 +444,7 @@ def html_page(data: dict) -> str:
                    + " ".join(f"{_html_mark(m, n)} {m.name}" for m, n in marks(_totals(data, subject))) + "</p>")
     if kinds:
         out.append("<h2>What broke (new findings, worst first)</h2>")
-        out += [_html_group(g, releases) for g in kinds[:FIRST_GROUPS]]
+        out += [_html_group(data, g) for g in kinds[:FIRST_GROUPS]]
         if len(kinds) > FIRST_GROUPS:
             out.append(f"<p>+{len(kinds) - FIRST_GROUPS} more kinds of new finding: under Details</p>")
     out.append(f'<h2>Where: release × check</h2><p class="legend">{_h(LEGEND)} ' + " ".join(
@@ -501,7 +483,7 @@ def html_page(data: dict) -> str:
     out.append("<h2>Details</h2>")
     if len(kinds) > FIRST_GROUPS:
         out.append("<h3>More new findings</h3>")
-        out += [_html_group(g, releases) for g in kinds[FIRST_GROUPS:]]
+        out += [_html_group(data, g) for g in kinds[FIRST_GROUPS:]]
     for subject in sorted(data["checks"]):
         columns = _columns(data, subject)
         out.append(f"<h3>{_h(subject)}: every outcome word per release and check</h3><table><tr><th>release</th>"
@@ -516,13 +498,14 @@ def html_page(data: dict) -> str:
         geometries = [g for g in data["geometries"] if any(g in gs for gs in by_release.values())]
         # A family heads its physical orders; a pseudo geometry (dense, *) heads its own column. The geometries are
         # sorted by family, so each family's columns are contiguous.
-        families = Counter(_family(g) for g in geometries)
+        families = Counter(_family(data, g) for g in geometries)
         out.append(f"<h3>{_h(subject)}: release × geometry (every mark with its count)</h3><table class=\"geo\">"
                    '<tr><th rowspan="2">release</th>' + "".join(
                        f'<th colspan="{n}">{_h(f)}</th>' if f not in geometries
                        else f'<th rowspan="2">{_h(_label(f))}</th>' for f, n in families.items()) + "</tr><tr>"
                    # <wbr/>: an order's name may break at its dots, so that 19 columns fit a screen
-                   + "".join(f"<th>{_h(g.split(':')[1]).replace('.', '.<wbr/>')}</th>" for g in geometries if ":" in g)
+                   + "".join(f"<th>{_h(data['orders'][g]).replace('.', '.<wbr/>')}</th>" for g in geometries
+                             if g in data["families"])
                    + "</tr>")
         for release in releases:
             gs = by_release.get(release, {})

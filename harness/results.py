@@ -38,6 +38,8 @@ from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
 
+from harness import checks
+
 
 
 class Word(str, Enum):
@@ -57,6 +59,7 @@ class Word(str, Enum):
     NOT_RUN = "not-run"
     NOT_APPLICABLE = "not-applicable"
     TIMEOUT = "timeout"
+    STALE = "stale"  # not a check's outcome: a known finding that applied but did not happen
 
     @property
     def passing(self) -> bool:
@@ -64,34 +67,46 @@ class Word(str, Enum):
         return self.value in PASSING
 
 
-OUTCOMES = tuple(w.value for w in Word)
+OUTCOMES = tuple(w.value for w in Word if w is not Word.STALE)  # what a check (or a known finding) can say
 PASSING = ("bit-identical", "within-tolerance", "rejected")
-STALE = "stale"
+STALE = Word.STALE
+SCHEMA = 2  # result lines without it (an older kvconform's) are refused by `read`
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Result:
-    """One checked item. `known` is the id of the known finding that predicted the outcome, if any."""
+    """One result line: what was checked (run, release, how its contracts were read, geometry and what it is,
+    check, subject, example), how it ended, and where. Built by keyword only; `known` is the id of the known
+    finding that predicted the outcome, if any."""
 
+    run: str  # the id of the run that wrote it (new_run_id)
+    time: str = ""  # when it was written (UTC, ISO 8601; append stamps it)
     release: str
     source: str  # "live" (probed from the installed vLLM), "replay" (recorded fixture), or "install"
     subject: str
-    geometry: str  # Contract.name, or "*" for a whole-release outcome
-    check: str
-    sparsity: str
-    outcome: str
+    check: str  # a harness.checks name
+    outcome: Word
+    geometry: str = "*"  # Contract.name, a label ("dense"), or "*" for a whole-release outcome
+    backends: tuple[str, ...] = ()  # the attention backends that hand a layer this geometry in this release
+    cache_dtype: str = ""  # of the geometry ("" when there is none)
+    family: str = ""  # kv-first, blocks-first, packed, ...
+    order: str = ""  # its physical axis order, outermost first (B.KV.N.H.D)
+    layers: str = ""  # "per-layer" or "cross-layer" (one allocation for several layers)
+    sparsity: str = "*"
     case: str = ""  # digest of the example
     repro: str = ""  # one line that reproduces it
     diagnosis: str = ""
     known: str = ""
     device: str = ""  # where it ran ("cuda:1", "cpu"); "" for whole-release outcomes
-    run: str = ""  # the id of the run that wrote it
-    time: str = ""  # when it was written (UTC, ISO 8601)
     seconds: float = 0.0  # how long the example took (the subject calls and the comparison)
+    schema: int = SCHEMA
 
     def __post_init__(self) -> None:
-        if self.outcome not in OUTCOMES + (STALE,):
-            raise ValueError(f"unknown outcome {self.outcome!r}; known: {OUTCOMES + (STALE,)}")
+        try:
+            object.__setattr__(self, "outcome", Word(self.outcome))
+        except ValueError:
+            raise ValueError(f"unknown outcome {self.outcome!r}; known: {tuple(w.value for w in Word)}") from None
+        object.__setattr__(self, "backends", tuple(self.backends))
 
 
 def new_run_id() -> str:
@@ -114,15 +129,20 @@ def append(root: Path, result: Result, worker: str | None = None) -> None:
 
 
 def merge(root: Path, release: str, run: str = "") -> Path:
-    """Fold the per-worker files of `release` into results.jsonl (replacing the previous run) and remove them.
-    Worker names starting with `run` only, so that concurrent sessions do not take each other's files. A session
-    that checked nothing of this release (collect-only, deselected) leaves the previous run alone."""
+    """Fold the per-worker files of `release` into results.jsonl, replacing the previous run of the same subject
+    (other subjects' lines stay), and remove them. Worker names starting with `run` only, so that concurrent
+    sessions do not take each other's files. A session that checked nothing of this release (collect-only,
+    deselected) leaves the previous run alone."""
     d = release_dir(root, release)
     parts = sorted(d.glob(f"results.{run}*.jsonl"))
     out = d / "results.jsonl"
     if not parts:
         return out
-    out.write_text("".join(p.read_text() for p in parts))
+    new = [line for p in parts for line in p.read_text().splitlines() if line.strip()]
+    subjects = {json.loads(line).get("subject") for line in new}
+    kept = [line for line in (out.read_text().splitlines() if out.exists() else [])
+            if line.strip() and json.loads(line).get("subject") not in subjects]
+    out.write_text("".join(line + "\n" for line in kept + new))
     for p in parts:
         p.unlink()
     return out
@@ -136,10 +156,26 @@ def read(root: Path, release: str = "*", files: str = "results.jsonl") -> list[R
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if line.strip():
                 try:
-                    out.append(Result(**json.loads(line)))
+                    body = json.loads(line)
+                except ValueError as e:
+                    raise ValueError(f"{path}:{n}: not a result line: {e}") from None
+                if body.get("schema") != SCHEMA:
+                    raise ValueError(f"{path}:{n}: a result line of another kvconform (schema "
+                                     f"{body.get('schema', 1)}, this one reads {SCHEMA}): re-run the session that "
+                                     "wrote it, or remove the file")
+                try:
+                    out.append(Result(**body))
                 except (TypeError, ValueError) as e:
-                    raise ValueError(f"{path}:{n}: not a result line: {e}") from e
+                    raise ValueError(f"{path}:{n}: not a result line: {e}") from None
     return out
+
+
+def install_error(root: Path, release: str, reason: str) -> Path:
+    """Record that `release` could not be installed (its session's only line) and merge it; the merged file."""
+    run = new_run_id()
+    append(root, Result(run=run, release=release, source="install", subject="*", check=checks.INSTALL.name,
+                        outcome=Word.INSTALL_ERROR, diagnosis=reason), run)
+    return merge(root, release, run)
 
 
 def main(argv: list[str]) -> int:
@@ -149,10 +185,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("reason")
     parser.add_argument("--dir", default="results", type=Path)
     args = parser.parse_args(argv)
-    run = new_run_id()
-    result = Result(args.release, "install", "*", "*", "install", "*", args.outcome, diagnosis=args.reason, run=run)
-    append(args.dir, result, run)
-    print(merge(args.dir, args.release, run))
+    print(install_error(args.dir, args.release, args.reason))
     return 0
 
 

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import compiles, devices, findings, fixtures, limits, results
+from harness import checks, compiles, devices, findings, fixtures, limits, results
+from harness.checks import Check
 from harness.cache import Paging, filled, read
 from harness.cases import SPARSITY_MODES
 from harness.compare import bits, diagnose
@@ -33,10 +35,7 @@ from harness.results import Word
 from harness.strategies import CPU, GPU, Example, Sizes, cases, examples, warmup_shards
 from harness.subjects import DEFAULT_CAPABILITIES, FORWARD, capabilities_of, load_subject
 
-# Checks that launch the subject's kernels; the others (split agreement, malformed caches, contracts) run first.
-KERNEL_CHECKS = ("bit-identity", "determinism", "oracle")
 POISONED = "the device is unusable after this call"
-CHEAP_FACTOR = 5
 
 
 def sizes_for(device: str) -> Sizes:
@@ -124,6 +123,8 @@ class Session:
     cache_dtypes: tuple[str, ...] = ()  # cache dtypes likewise
     run: str = ""  # the run's id (harness.results.new_run_id), in every line it writes
     say: Callable[[str], None] = field(default=lambda text: print(text, file=sys.__stderr__, flush=True), repr=False)
+    warming: object = None  # the warm-up thread (controller), True in a worker whose controller started one
+    warm_error: str = ""
 
     def selects(self, c: Contract) -> bool:
         """Whether the session checks contract `c`: its backend and cache dtype were asked for, and the subject
@@ -138,11 +139,17 @@ class Session:
         return sizes_for(self.device)
 
     def write(self, r: ReleaseContracts, geometry: str, check: str, sparsity: str, word: Word | str,
-              diagnosis: str = "", **fields) -> None:
-        """Record one result line of this run: where every line of a session is built."""
+              diagnosis: str = "", contract: Contract | None = None, **fields) -> None:
+        """Record one result line of this run: where every line of a session is built. With `contract`, the line
+        says what the geometry is: the backends that hand it in this release, its cache dtype, family, physical
+        order and layer arrangement."""
+        if contract is not None:
+            fields.update(backends=tuple(sorted({c.origin.backend_name for c in r.contracts if c == contract})),
+                          cache_dtype=contract.cache_dtype, family=contract.family, order=".".join(contract.physical),
+                          layers="cross-layer" if contract.shared else "per-layer")
         results.append(self.results_dir, results.Result(
-            r.release, r.source, self.subject_name, geometry, check, sparsity, Word(word).value if word != results.STALE
-            else word, diagnosis=diagnosis, run=self.run, **fields), self.worker)
+            run=self.run, release=r.release, source=r.source, subject=self.subject_name, geometry=geometry,
+            check=check, sparsity=sparsity, outcome=word, diagnosis=diagnosis, **fields), self.worker)
         Runner.recorded += 1
 
     def warm_contracts(self) -> list[Contract]:
@@ -154,6 +161,30 @@ class Session:
             if supports_contract(self.subject, self.subject_name, t.contract) is None:
                 by_type.setdefault(t.contract.dtype.view, t.contract)
         return list(by_type.values())
+
+    def warm_behind(self, gpus: list[str], processes: int) -> bool:
+        """Start the warm-up in a thread of this process and return at once (False when there is nothing to warm):
+        the checks that launch no kernel run meanwhile; kernel items first wait for its end (`await_warmup`)."""
+        if FORWARD not in self.capabilities or not self.warm_contracts():
+            return False
+
+        def body() -> None:
+            try:
+                self.warm(gpus, processes)
+                what = self.warmup.describe() if self.warmup else "nothing to warm"
+            except BaseException as e:  # noqa: BLE001 - a warm-up never decides an outcome; the examples do
+                what = f"warm-up failed ({type(e).__name__}: {e}): examples compile what they need"
+                self.warm_error = what
+            compiles.warm_ended(self.run, what)
+
+        self.warming = threading.Thread(target=body, name="kvconform-warmup", daemon=True)
+        self.warming.start()
+        return True
+
+    def await_warmup(self, limit: float) -> None:
+        """Wait for this run's warm-up to end, where one was started (by this process or the run's controller)."""
+        if self.warming is not None:
+            compiles.await_warmup(self.run, limit)
 
     def warm(self, gpus: list[str], processes: int) -> compiles.Warmup | None:
         """Compile every kernel variant this session's examples can draw, before the first (see harness.compiles)."""
@@ -196,14 +227,15 @@ class Session:
                           for x in rows)
             if applied and f.id not in happened:
                 results.append(self.results_dir, results.Result(
-                    r.release, r.source, self.subject_name, f.geometry, f.check, f.sparsity, results.STALE,
-                    diagnosis=f"known finding {f.id} ({f.outcome}: {f.reason}) applied but did not happen",
-                    known=f.id, run=self.run))
+                    run=self.run, release=r.release, source=r.source, subject=self.subject_name, geometry=f.geometry,
+                    check=f.check, sparsity=f.sparsity, outcome=Word.STALE, known=f.id,
+                    diagnosis=f"known finding {f.id} ({f.outcome}: {f.reason}) applied but did not happen"))
 
     def summary(self, slowest: int = 3) -> list[str]:
         """One line per process and per release, of this run's result lines only ("not run" for a release it
         recorded nothing of), stale known findings, and the `slowest` examples of each check with their times."""
         lines = [f"kvconform run {self.run}"] + ([f"kvconform {self.warmup.describe()}"] if self.warmup else [])
+        lines += [f"kvconform {self.warm_error}"] if self.warm_error else []
         for name, w in sorted(self.workers.items()):
             lines.append(f"kvconform process {name} on {w['device']}: {w['results']} results; kernels "
                          f"{w['compiled']} compiled, {w['loaded']} loaded from the disk cache" if w else
@@ -221,7 +253,7 @@ class Session:
             ran += rows
             counts: dict[str, int] = {}
             for x in rows:
-                counts[x.outcome] = counts.get(x.outcome, 0) + 1
+                counts[x.outcome.value] = counts.get(x.outcome.value, 0) + 1
             lines.append(f"kvconform {r.release} ({r.source}) {self.subject_name}: "
                          + ", ".join(f"{n} {word}" for word, n in sorted(counts.items())) + f" -> {path}")
             lines += [f"  STALE {x.known}: {x.diagnosis}" for x in rows if x.outcome == results.STALE]
@@ -232,7 +264,7 @@ class Session:
         for check, rows in sorted(by_check.items()):
             top = sorted(rows, key=lambda x: -x.seconds)[:slowest]
             lines.append(f"kvconform slowest {check}: " + "; ".join(
-                f"{x.seconds:.2f} s {x.release} {x.geometry} {x.case} ({x.outcome})" for x in top))
+                f"{x.seconds:.2f} s {x.release} {x.geometry} {x.case} ({x.outcome.value})" for x in top))
         return lines
 
 
@@ -273,13 +305,13 @@ def missing(session: Session, needs: frozenset[str] | set[str]) -> list[str]:
     return sorted(set(needs) - session.capabilities)
 
 
-def record_not_applicable(session: Session, check: str, needs: frozenset[str] | set[str]) -> int:
+def record_not_applicable(session: Session, check: Check) -> int:
     """One not-applicable line per session release for a check the subject lacks capabilities for (never a pass,
     never a finding). Returns how many lines were written."""
-    why = (f"{session.subject_name} declares {', '.join(sorted(session.capabilities))}; {check} needs "
-           f"{', '.join(sorted(needs))} (missing {', '.join(missing(session, needs))})")
+    why = (f"{session.subject_name} declares {', '.join(sorted(session.capabilities))}; {check.name} needs "
+           f"{', '.join(sorted(check.needs))} (missing {', '.join(missing(session, check.needs))})")
     for r in session.releases:
-        session.write(r, "*", check, "*", Word.NOT_APPLICABLE, why)
+        session.write(r, "*", check.name, "*", Word.NOT_APPLICABLE, why)
     return len(session.releases)
 
 
@@ -299,6 +331,11 @@ class Target:
     @property
     def geometry(self) -> str:
         return self.label or self.contract.name
+
+    @property
+    def described(self) -> Contract | None:
+        """The geometry its result lines describe (none for a check that uses no cache)."""
+        return None if self.label else self.contract
 
 
 def targets(session: Session) -> list[Target]:
@@ -325,7 +362,7 @@ def record_outside(session: Session) -> int:
             why.setdefault(_outside(c), []).append(c.name)
         if why:
             text = "; ".join(f"{len(names)} geometries ({', '.join(names)}): {reason}" for reason, names in why.items())
-            session.write(r, "*", "K/V checks", "*", Word.NOT_APPLICABLE, text)
+            session.write(r, "*", checks.KV_CHECKS.name, "*", Word.NOT_APPLICABLE, text)
             n += 1
     return n
 
@@ -367,13 +404,10 @@ def regressions(session: Session, check: str) -> list[Regression]:
     return out
 
 
-def order(check: str, regression: bool) -> int:
-    """Where an item of `check` runs: stored regressions first, then the checks that launch no kernel (a wrong
-    split is found and shrunk cheaply before any kernel check meets it), then the oracle (its items are the
-    longest), then the other kernel checks."""
-    if regression:
-        return 0
-    return 1 if check not in KERNEL_CHECKS else 2 if check == "oracle" else 3
+def order(check: Check, regression: bool) -> int:
+    """Where an item of `check` runs: stored regressions first, then by the check's declared order (the checks
+    that launch no kernel first: a wrong split is found and shrunk cheaply before any kernel check meets it)."""
+    return 0 if regression else check.order
 
 
 def _device_kind(device: str) -> str:
@@ -523,35 +557,33 @@ class Runner:
         return got
 
     # running
-    def run(self, target: Target, check: str, fn, extra: st.SearchStrategy = st.none(),
-            needs_subject: bool = True, launches_kernels: bool = True, strategy=None, explicit=()) -> Settled:
-        """Check `fn` over generated examples of `target`; raises NewFinding only on a new finding. A check that
-        launches no kernel costs ~1/20 of one that does, so it gets CHEAP_FACTOR times the examples; a target of
-        one sparsity mode gets its share of them. `strategy(contracts, sizes)` replaces the examples strategy;
-        `explicit(contract, sizes)` gives (example, extra) pairs that always run first."""
+    def run(self, target: Target, check: Check, fn) -> Settled:
+        """Check `fn` over generated examples of `target` as `check` declares them (harness.checks: its budget,
+        strategies and explicit examples); raises NewFinding only on a new finding. A target of one sparsity mode
+        gets its share of the examples."""
         state = Settled()
         sizes = self.s.sizes
-        strategy = (strategy([target.contract], sizes) if strategy else
+        strategy = (checks.resolve(check.strategy)([target.contract], sizes) if check.strategy else
                     examples([target.contract], sizes, cases(sizes, target.mode) if target.mode else None))
-        count = (self.max_examples or settings.default.max_examples) * (1 if launches_kernels else CHEAP_FACTOR)
+        count = (self.max_examples or settings.default.max_examples) * check.budget
         if target.mode:
             count = -(-count // len(SPARSITY_MODES))
 
         @settings(max_examples=count)
-        @given(ex=strategy, extra=extra)
+        @given(ex=strategy, extra=checks.resolve(check.extra)() if check.extra else st.none())
         def generated(ex: Example, extra) -> None:
-            self._one(target, check, fn, ex, extra, state, needs_subject)
+            self._one(target, check.name, fn, ex, extra, state, check.asks_subject)
 
-        for ex, value in (explicit(target.contract, sizes) if explicit else ()):
+        for ex, value in (checks.resolve(check.explicit)(target.contract, sizes) if check.explicit else ()):
             generated = hypothesis.example(ex=ex, extra=value)(generated)
 
-        return self._limited(target, check, state, generated)
+        return self._limited(target, check.name, state, generated)
 
-    def replay(self, regression: Regression, check: str, fn, needs_subject: bool = True) -> Settled:
+    def replay(self, regression: Regression, check: Check, fn) -> Settled:
         """Run one stored regression example."""
         state = Settled()
-        return self._limited(regression.target, check, state, lambda: self._one(
-            regression.target, check, fn, regression.example, regression.extra, state, needs_subject))
+        return self._limited(regression.target, check.name, state, lambda: self._one(
+            regression.target, check.name, fn, regression.example, regression.extra, state, check.asks_subject))
 
     def _limited(self, target: Target, check: str, state: Settled, body) -> Settled:
         try:
@@ -572,7 +604,8 @@ class Runner:
         target, check, ex, extra = self._running
         repro = self.repro(target, check, ex, extra)
         self.s.write(target.release, target.geometry, check, ex.case.sparsity.mode, Word.TIMEOUT,
-                     f"{message}; running example {ex.digest()}", case=ex.digest(), repro=repro, device=self.device)
+                     f"{message}; running example {ex.digest()}", target.described, case=ex.digest(), repro=repro,
+                     device=self.device)
         return f"{message}\n{repro}"
 
     def _hung(self) -> None:
@@ -656,15 +689,16 @@ class Runner:
     def _record(self, target: Target, check: str, ex: Example, extra, outcome: Outcome, known: str = "",
                 seconds: float = 0.0) -> None:
         self.s.write(target.release, target.geometry, check, ex.case.sparsity.mode, outcome.word, outcome.diagnosis,
-                     case=ex.digest(), repro=self.repro(target, check, ex, extra) if not outcome.word.passing else "",
+                     target.described, case=ex.digest(), repro=self.repro(target, check, ex, extra) if not outcome.word.passing else "",
                      known=known, device=self.device, seconds=round(seconds, 4))
 
-    def record_target(self, target: Target, check: str, outcome: Outcome) -> None:
+    def record_target(self, target: Target, check: Check, outcome: Outcome) -> None:
         """Record an outcome of a whole (release, geometry) item, e.g. a check that cannot run here."""
-        self.s.write(target.release, target.geometry, check, "*", outcome.word, outcome.diagnosis, device=self.device)
+        self.s.write(target.release, target.geometry, check.name, "*", outcome.word, outcome.diagnosis,
+                     target.described, device=self.device)
 
-    def record_release(self, r: ReleaseContracts, check: str, outcome: Outcome) -> str:
+    def record_release(self, r: ReleaseContracts, check: Check, outcome: Outcome) -> str:
         """Record a whole-release outcome (contracts unreadable, drift); the known finding's id if one predicts it."""
-        known = findings.match(self.s.findings, r.release, "*", "*", check, outcome.word.value)
-        self.s.write(r, "*", check, "*", outcome.word, outcome.diagnosis, known=known.id if known else "")
+        known = findings.match(self.s.findings, r.release, "*", "*", check.name, outcome.word.value)
+        self.s.write(r, "*", check.name, "*", outcome.word, outcome.diagnosis, known=known.id if known else "")
         return known.id if known else ""

@@ -128,6 +128,14 @@ def warmup_shards(sizes: Sizes) -> list[list[Case]]:
     return shards
 
 
+MALFORMATIONS = ("extra-axis", "bad-kv-or-c-size", "strided-innermost", "ignored-physical-order", "swapped-n-h")
+
+
+def malformations() -> st.SearchStrategy[str]:
+    """A way to malform a release's kv_cache (conformance/test_malformed.py says what each does)."""
+    return st.sampled_from(MALFORMATIONS)
+
+
 @st.composite
 def num_blocks(draw, needed: int) -> int:
     """Pages in the cache: exactly what the batch needs, 2 or 3 where they fit (the sizes that collide with the

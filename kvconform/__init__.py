@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,12 +22,11 @@ from harness import profiles
 
 profiles.register()  # before hypothesis' own plugin reads --hypothesis-profile at configure time
 SESSION = pytest.StashKey["object"]()  # harness.runner.Session of an active run
-NOT_APPLICABLE = pytest.StashKey[dict]()  # check -> what it needs, for checks the subject lacks a capability for
+NOT_APPLICABLE = pytest.StashKey[set]()  # the checks (harness.checks) the subject lacks a capability for
 RUN = pytest.StashKey[str]()  # this run's id: made by the controller, handed to its xdist workers
 OPTIONS = ("release", "subject", "max_examples", "results_dir", "contracts_dir", "known_findings", "regressions_dir",
            "workers_per_gpu", "backend", "cache_dtype", "timeout")
 TIMEOUTS = {"cuda": 600.0, "cpu": 3600.0}  # default seconds per item: the interpreter is ~1000x slower
-WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -61,6 +61,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "one GPU (env KVCONFORM_WORKERS_PER_GPU; default 8); -n overrides")
 
 
+def _worker(config: pytest.Config) -> str | None:
+    """This process's xdist worker id (gw0, ...), from the input xdist gives its workers; None in the controller or
+    a run without xdist (an inherited PYTEST_XDIST_WORKER does not make a process a worker)."""
+    return config.workerinput["workerid"] if hasattr(config, "workerinput") else None
+
+
 def _asked(config: pytest.Config) -> bool:
     return any(config.getoption(f"kvconform_{o}") not in (None, []) for o in OPTIONS)
 
@@ -69,7 +75,11 @@ def _names_suites(arg: str) -> bool:
     path = arg.split("::")[0]
     if path == "kvconform.suites" or path.startswith("kvconform.suites."):  # --pyargs
         return True
-    return Path(path).resolve().is_relative_to(Path(__file__).resolve().parent / "suites")
+    import importlib.util
+
+    spec = importlib.util.find_spec("kvconform.suites")  # conformance/ (pyproject maps it)
+    return spec is not None and any(Path(path).resolve().is_relative_to(Path(d).resolve())
+                                    for d in spec.submodule_search_locations or ())
 
 
 def _active(config: pytest.Config) -> bool:
@@ -97,7 +107,7 @@ def _prepare_environment() -> None:
 def pytest_cmdline_main(config: pytest.Config):
     # On CUDA, no -n means GPUs x workers-per-GPU workers (-n 0 keeps one process). A wrapper, so that this runs
     # before xdist's own (tryfirst) pytest_cmdline_main turns -n into its worker list.
-    if (not WORKER and _active(config) and hasattr(config.option, "numprocesses")
+    if (not _worker(config) and _active(config) and hasattr(config.option, "numprocesses")
             and config.option.numprocesses is None and not config.option.collectonly):
         from harness import devices
 
@@ -135,13 +145,14 @@ def pytest_configure(config: pytest.Config) -> None:
     from harness import devices, findings, fixtures, results, runner
 
     _check_options(config)
-    run = config.workerinput["kvconform_run"] if WORKER else results.new_run_id()
+    worker = _worker(config)
+    run = config.workerinput["kvconform_run"] if worker else results.new_run_id()
     config.stash[RUN] = run
-    device = devices.worker_device(WORKER)
-    if device.startswith("cuda") and (WORKER or not getattr(config.option, "numprocesses", None)):
+    device = devices.worker_device(worker)
+    if device.startswith("cuda") and (worker or not getattr(config.option, "numprocesses", None)):
         torch.cuda.set_device(device)  # kernels launch on the current device: this process's GPU
-    if WORKER:  # torch's CPU thread pool is sized for the whole host in every worker: share the CPUs out instead
-        share = len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker:  # torch's CPU thread pool is sized for the whole host in every worker: share the CPUs out instead
+        share = len(os.sched_getaffinity(0)) // int(config.workerinput["workercount"])
         torch.set_num_threads(max(1, share))
     # --hypothesis-profile (hypothesis' own option) wins; else KVCONFORM_PROFILE; else by device.
     if not config.getoption("hypothesis_profile", None):
@@ -162,11 +173,13 @@ def pytest_configure(config: pytest.Config) -> None:
             spec, config.getoption("kvconform_release"), contracts, Path(config.getoption("kvconform_results_dir")
                                                                           or Path.cwd() / "results"),
             regressions, Path(config.getoption("kvconform_known_findings") or findings.DIRECTORY), device,
-            f"{run}-{WORKER or 'main'}", " ".join(shlex.quote(a) for a in args),
+            f"{run}-{worker or 'main'}", " ".join(shlex.quote(a) for a in args),
             tuple(config.getoption("kvconform_backend")), tuple(config.getoption("kvconform_cache_dtype")), run)
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
     session.say = _say(config)
+    if worker and config.workerinput.get("kvconform_warming"):
+        session.warming = True
     config.stash[SESSION] = session
     # The interpreter computes masked-out rows of a tile too (0/0 there is discarded by the kernel's store mask).
     config.addinivalue_line("filterwarnings", "ignore:invalid value encountered:RuntimeWarning")
@@ -201,6 +214,8 @@ def pytest_configure_node(node) -> None:
     """Hand this run's id to a starting xdist worker: its lines belong to the controller's run."""
     if RUN in node.config.stash:
         node.workerinput["kvconform_run"] = node.config.stash[RUN]
+        s = _session(node.config)
+        node.workerinput["kvconform_warming"] = s is not None and s.warming is not None
 
 
 def _default_regressions(config: pytest.Config) -> Path:
@@ -230,17 +245,16 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """On CUDA, compile every kernel variant the run can draw before any example (and before xdist starts its
-    workers, whose examples then only load them from the disk cache)."""
+    """On CUDA, start compiling every kernel variant the run can draw (before xdist starts its workers): the checks
+    that launch no kernel run meanwhile, kernel items wait for it, and their examples only load kernels."""
     config = session.config
     s = _session(config)
     if s is None or not _is_controller(config) or not s.device.startswith("cuda") or config.option.collectonly:
         return
     from harness import devices
 
-    warm = s.warm([f"cuda:{i}" for i in range(devices.gpus())], len(os.sched_getaffinity(0)))
-    if warm:
-        config.get_terminal_writer().line(f"kvconform {warm.describe()}")
+    if s.warm_behind([f"cuda:{i}" for i in range(devices.gpus())], len(os.sched_getaffinity(0))):
+        config.get_terminal_writer().line("kvconform warm-up: compiling behind the checks that launch no kernel")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -274,6 +288,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     if not s.workers:
         s.workers["main"] = s.process_report()
+    if isinstance(s.warming, threading.Thread):
+        s.warming.join()
     s.write_run()
     s.merge()
 
@@ -294,9 +310,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     from harness import runner
 
-    needs = getattr(metafunc.module, "NEEDS", frozenset())  # what a check needs of the subject (harness.subjects)
-    if runner.missing(s, needs):  # not generated for this subject: no items, one not-applicable line per release
-        metafunc.config.stash.setdefault(NOT_APPLICABLE, {})[metafunc.module.CHECK] = needs
+    check = _check_of(metafunc.module)
+    if check is None:
+        return
+    if runner.missing(s, check.needs):  # not generated for this subject: no items, one not-applicable line per release
+        metafunc.config.stash.setdefault(NOT_APPLICABLE, set()).add(check)
         for name in ("target", "release_contracts", "dense_target", "regression"):
             if name in metafunc.fixturenames:
                 metafunc.parametrize(name, [])
@@ -310,7 +328,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         targets = runner.dense_targets(s)
         metafunc.parametrize("dense_target", targets, ids=[f"{t.release.release}-dense-{t.mode}" for t in targets])
     if "regression" in metafunc.fixturenames:
-        stored = runner.regressions(s, metafunc.module.CHECK)
+        stored = runner.regressions(s, check.name)
         metafunc.parametrize("regression", stored,
                              ids=[f"{r.target.release.release}-{r.target.geometry}-{r.digest}" for r in stored])
 
@@ -325,20 +343,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # A check with no stored regressions has nothing to replay, a check the subject lacks a capability for does
     # not apply, and a session whose geometries no K/V check covers has no targets (each said in a not-applicable
     # line): no item, rather than a placeholder skip.
-    na = config.stash.get(NOT_APPLICABLE, {})
-    empty = [i for i in items if getattr(getattr(i, "module", None), "CHECK", None) in na or (
-             hasattr(getattr(i, "module", None), "CHECK") and
-             any("empty parameter set" in str(m.kwargs.get("reason", "")) for m in i.iter_markers("skip")))]
-    if WORKER in (None, "gw0") and not config.option.collectonly:  # one process records them
-        for check in dict.fromkeys(i.module.CHECK for i in empty if i.module.CHECK in na):
-            runner.record_not_applicable(s, check, na[check])
+    na = config.stash.get(NOT_APPLICABLE, set())
+    ours = {i: c for i in items if (c := _check_of(getattr(i, "module", None))) is not None}
+    empty = [i for i, c in ours.items() if c in na or
+             any("empty parameter set" in str(m.kwargs.get("reason", "")) for m in i.iter_markers("skip"))]
+    if _worker(config) in (None, "gw0") and not config.option.collectonly:  # one process records them
+        for check in dict.fromkeys(ours[i] for i in empty if ours[i] in na):
+            runner.record_not_applicable(s, check)
         runner.record_outside(s)
     if empty:
         config.hook.pytest_deselected(items=empty)
         items[:] = [i for i in items if i not in empty]
-    ours = [i for i in items if hasattr(getattr(i, "module", None), "CHECK")]
-    ours.sort(key=lambda i: runner.order(i.module.CHECK, "regression" in getattr(i, "fixturenames", ())))
-    items[:] = ours + [i for i in items if i not in set(ours)]
+    kept = sorted((i for i in items if i in ours),
+                  key=lambda i: runner.order(ours[i], "regression" in getattr(i, "fixturenames", ())))
+    items[:] = kept + [i for i in items if i not in ours]
+
+
+def _check_of(module) -> object | None:
+    """The check (harness.checks.Check) a suite module implements; None for any other module."""
+    from harness.checks import Check
+
+    check = getattr(module, "CHECK", None)
+    return check if isinstance(check, Check) else None
 
 
 # ---- the fixture the suites use ----------------------------------------------------------------------------------
@@ -351,14 +377,22 @@ class Conformance:
     def __init__(self, request: pytest.FixtureRequest):
         from harness import runner
 
+        self.config = request.config
         s = _session(request.config)
         if s is None:
             pytest.skip("kvconform is not active in this run (no --kvconform-* option)")
         node = request.node.nodeid.split("[")[0].removesuffix("_regression") + "_regression"
         timeout = request.config.getoption("kvconform_timeout")
+        timeout = TIMEOUTS[s.device.split(":")[0]] if timeout is None else timeout
+        check = _check_of(request.module)
+        if check is not None and check.kernels:
+            try:
+                s.await_warmup(timeout)
+            except TimeoutError as e:
+                pytest.fail(f"timeout: {request.node.nodeid}: {e} (a harness limit, --kvconform-timeout)",
+                            pytrace=False)
         self.runner = runner.Runner(s, f"pytest {node}", request.config.getoption("kvconform_max_examples"),
-                                    request.node.nodeid,
-                                    TIMEOUTS[s.device.split(":")[0]] if timeout is None else timeout)
+                                    request.node.nodeid, timeout)
 
     def __getattr__(self, name: str):
         return getattr(self.runner, name)  # the runner's helpers and recorders, as the checks call them
@@ -377,7 +411,7 @@ class Conformance:
         except TimedOut as e:
             pytest.fail(str(e), pytrace=False)
         except DeviceLost as e:
-            if WORKER:  # a fresh xdist worker takes the remaining items; this item is reported as its crash
+            if _worker(self.config):  # a fresh xdist worker takes the remaining items; this item is reported as its crash
                 os._exit(3)
             pytest.exit(f"{e}\nrun with xdist (-n) to go on in a fresh process after such a fault", returncode=1)
 

@@ -16,7 +16,6 @@ from harness.contract import Contract, ContractError, Dims, cross_layer
 from harness.fixtures import Recording, save
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.usefixtures("not_a_worker")  # the suites these tests start are not xdist workers
 
 PACKED = Contract(("B", "H", "N", "C"), ("B", "H", "N", "C"), "vllm 0.33.0 FLASHINFER LBHNC single-layer")
 NVFP4 = Contract(("B", "S", "N", "D"), ("B", "S", "N", "D"), "vllm 0.33.0 FLASHINFER LBHNC single-layer", "nvfp4")

@@ -39,7 +39,7 @@ FORWARD_CHECKS = {"bit-identity", "determinism", "oracle"}
 
 
 @pytest.fixture
-def host(pytester: pytest.Pytester, not_a_worker) -> pytest.Pytester:
+def host(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makepyfile(consumer=CONSUMER)
     return pytester
 
@@ -120,8 +120,9 @@ def test_checks_declare_what_they_need():
     from kvconform.suites import (test_bit_identity, test_contracts, test_determinism, test_malformed, test_oracle,
                                   test_split, test_transfer, test_vllm_write)
 
-    needs = {m.CHECK: m.NEEDS for m in (test_bit_identity, test_contracts, test_determinism, test_malformed,
-                                         test_oracle, test_split, test_transfer, test_vllm_write)}
+    needs = {m.CHECK.name: m.CHECK.needs for m in (test_bit_identity, test_contracts, test_determinism,
+                                                   test_malformed, test_oracle, test_split, test_transfer,
+                                                   test_vllm_write)}
     consumer = runner.Session("c", "c", None, [], (), None, None, "w", "", "cpu", capabilities=frozenset({"split"}))
     applies = {c for c, n in needs.items() if not runner.missing(consumer, n)}
     assert applies == {"contracts", "vllm-write", "split-agrees", "rejects-malformed"}

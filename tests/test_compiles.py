@@ -215,3 +215,17 @@ def test_unspecialised_strides_still_give_vectorised_loads():
         assert done.returncode == 0, done.stderr[-2000:]
         loads = json.loads(done.stdout.strip().splitlines()[-1])
         assert loads["vector"] >= 32 and loads["scalar16"] == 0, (mode, loads)
+
+
+def test_the_warm_up_runs_behind_and_kernel_items_wait_for_its_end(tmp_path, monkeypatch):
+    monkeypatch.setattr(compiles.triton.knobs.cache, "dir", str(tmp_path / "triton"))
+    small = [[c for c in shard if max(c.kv_lens) <= 32][:1] for shard in warmup_shards(CPU)[:2]]
+    monkeypatch.setattr(runner, "warmup_shards", lambda sizes: small)
+    s = runner.start("builtin", ["0.25.1"], fixtures.ROOT, tmp_path, tmp_path, findings.DIRECTORY, "cpu", "w", "",
+                     run="behind")
+    assert s.warm_behind(["cpu"], 1) and s.warming.is_alive()  # returned before the warm-up ended
+    s.await_warmup(120)
+    assert not s.warming.is_alive() and s.warmup.cases == sum(map(len, small)) * len(s.warm_contracts()) > 1
+    assert any(line == f"kvconform {s.warmup.describe()}" for line in s.summary())
+    with pytest.raises(TimeoutError, match="run never did not end within 0.5 s"):
+        compiles.await_warmup("never", 0.5)

@@ -40,7 +40,6 @@ class HangsBeyondReach(BuiltinSubject):
 def _run(tmp_path, subject: str, timeout: float) -> subprocess.CompletedProcess:
     save(Recording("0.20.0", (families()[0],)), tmp_path / "contracts")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    env.pop("PYTEST_XDIST_WORKER", None)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--hypothesis-profile=kvconform-ci",
            NODE, "--kvconform-release=0.20.0", "--kvconform-max-examples=2", f"--kvconform-timeout={timeout:g}",
            f"--kvconform-subject=test_limits:{subject}", f"--kvconform-contracts-dir={tmp_path / 'contracts'}",

@@ -62,7 +62,7 @@ FAMILIES = ("0.22.1", "0.25.1", "0.33.0")  # kv-first, blocks-first, packed
 
 
 @pytest.fixture
-def host(pytester: pytest.Pytester, not_a_worker) -> pytest.Pytester:
+def host(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makepyfile(host_subject=HOST_SUBJECT)
     pytester.makepyfile(test_own="def test_own_thing():\n    assert 1 + 1 == 2\n")  # the project's own tests
     return pytester

@@ -11,9 +11,15 @@ from harness import report, results
 from harness.results import OUTCOMES, PASSING, Result
 
 
-def add(root, release, geometry, outcome, check="bit-identity", known="", source="replay", diagnosis="", repro=""):
-    results.append(root, Result(release, source, "builtin", geometry, check, "none", outcome, case="c",
-                                diagnosis=diagnosis, known=known, repro=repro), "w")
+def add(root, release, geometry, outcome, check="bit-identity", known="", source="replay", diagnosis="", repro="",
+        backends=()):
+    """One line as a run writes it: a geometry named `family:order[@cache dtype]` carries those fields."""
+    family, _, rest = geometry.partition(":")
+    order, _, dtype = rest.partition("@")
+    where = dict(family=family, order=order, cache_dtype=dtype or "auto", backends=backends) if rest else {}
+    results.append(root, Result(run="r1", release=release, source=source, subject="builtin", geometry=geometry,
+                                check=check, sparsity="none", outcome=outcome, case="c", diagnosis=diagnosis,
+                                known=known, repro=repro, **where), "w")
 
 
 def merged(root):
@@ -189,7 +195,7 @@ def test_command_writes_markdown_html_and_json(tmp_path):
     assert report.main([str(root), "--out", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "report.md").read_text()
     assert md.startswith("# kvconform conformance report\n\n**RED: 3 new findings in 3 releases**\n")
-    assert re.search(r"\| 0\.9\.2 \| replay, run unknown at \S+ \| · \| · \| \*\*✗1\*\* \| · \|", md), md
+    assert re.search(r"\| 0\.9\.2 \| replay, run r1 at \S+ \| · \| · \| \*\*✗1\*\* \| · \|", md), md
     assert ET.fromstring((tmp_path / "out" / "report.html").read_text()).tag == "html"
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["releases"][0] == "0.8.5.post1" and data["verdict"].startswith("RED")
@@ -221,7 +227,7 @@ def test_not_applicable_is_its_own_mark_never_a_pass_nor_a_finding(tmp_path):
 
 def test_cache_dtypes_get_their_own_matrix_and_geometries_name_their_backends(tmp_path):
     root = tmp_path / "results"
-    add(root, "0.33.0", "packed:B.H.N.C", "bit-identical")
+    add(root, "0.33.0", "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN", "PLANTED"))
     add(root, "0.33.0", "packed:B.N.H.C@fp8_e4m3", "differs", diagnosis="1 of 8 differ", repro="REPRO fp8")
     add(root, "0.33.0", "head-split:B.S.N.D@nvfp4", "unsupported", diagnosis="cache dtype nvfp4 not supported")
     data = report.fold(results.read(merged(root)))
@@ -231,18 +237,20 @@ def test_cache_dtypes_get_their_own_matrix_and_geometries_name_their_backends(tm
     table = md[md.index("#### builtin: release × cache dtype"):].splitlines()
     assert table[2] == "| release | auto | fp8_e4m3 | nvfp4 |"
     assert re.match(r"\| 0\.33\.0 \| \S+ \| \S+ \| \S+ \|", table[4])
-    assert report._family("packed:B.N.H.C@fp8_e4m3") == "packed@fp8_e4m3"
+    assert report._family(data, "packed:B.N.H.C@fp8_e4m3") == "packed@fp8_e4m3"
+    # The backends are the run's (its lines), not the shipped recordings', which have no PLANTED backend.
     backends = md[md.index("## Which backends hand each geometry"):].splitlines()
-    assert any(line.startswith("- packed:B.H.N.C: ") and "FLASH_ATTN (0.33.0)" in line for line in backends), backends
+    assert "- packed:B.H.N.C: FLASH_ATTN (0.33.0), PLANTED (0.33.0)" in backends, backends
     assert "release × cache dtype" in report.html_page(data)
 
 
 def test_the_report_names_the_run_each_release_comes_from(tmp_path):
     root = tmp_path / "results"
-    results.append(root, Result("0.25.1", "replay", "builtin", "g", "bit-identity", "none", "bit-identical",
-                                run="20261201T090000Z-aaaaaa"), "w")
-    results.append(root, Result("0.33.0", "live", "builtin", "g", "bit-identity", "none", "bit-identical",
-                                run="20261201T100000Z-bbbbbb", time="2026-12-01T10:02:03+00:00"), "w")
+    results.append(root, Result(release="0.25.1", source="replay", subject="builtin", geometry="g",
+                                check="bit-identity", outcome="bit-identical", run="20261201T090000Z-aaaaaa"), "w")
+    results.append(root, Result(release="0.33.0", source="live", subject="builtin", geometry="g",
+                                check="bit-identity", outcome="bit-identical", run="20261201T100000Z-bbbbbb",
+                                time="2026-12-01T10:02:03+00:00"), "w")
     data = fold(root)
     assert [r["run"] for r in data["runs"]["0.25.1"]] == ["20261201T090000Z-aaaaaa"]
     assert data["runs"]["0.33.0"] == [{"run": "20261201T100000Z-bbbbbb", "time": "2026-12-01T10:02:03+00:00"}]

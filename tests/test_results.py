@@ -1,5 +1,6 @@
 """Result lines: per-worker files merged into one file per release; outcome words checked."""
 
+import dataclasses
 import json
 import re
 
@@ -10,7 +11,8 @@ from harness.results import Result
 
 
 def result(release="0.30.0", outcome="bit-identical", **kw):
-    return Result(release, "replay", "builtin", "kv-first:KV.B.N.H.D", "bit-identity", "none", outcome, **kw)
+    return Result(run="r", release=release, source="replay", subject="builtin", geometry="kv-first:KV.B.N.H.D",
+                  check="bit-identity", sparsity="none", outcome=outcome, **kw)
 
 
 def test_workers_merge_into_one_file_and_replace_the_previous_run(tmp_path):
@@ -31,7 +33,8 @@ def test_lines_are_plain_json_with_every_field(tmp_path):
     path = results.merge(tmp_path, "0.30.0")
     line = json.loads(path.read_text())
     assert set(line) == {"release", "source", "subject", "geometry", "check", "sparsity", "outcome", "case",
-                         "repro", "diagnosis", "known", "device", "run", "time", "seconds"}
+                         "repro", "diagnosis", "known", "device", "run", "time", "seconds", "backends", "cache_dtype",
+                         "family", "order", "layers", "schema"}
     assert line["outcome"] == "differs" and line["diagnosis"] == "3 of 8 differ"
     assert re.fullmatch(r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", line["time"])  # stamped when written
 
@@ -63,3 +66,27 @@ def test_a_session_that_checked_nothing_keeps_the_previous_run(tmp_path):
     results.merge(tmp_path, "0.30.0")
     results.merge(tmp_path, "0.30.0")
     assert [r.case for r in results.read(tmp_path)] == ["a"]
+
+
+def test_an_older_result_line_is_refused_naming_its_file_and_line(tmp_path):
+    (tmp_path / "0.30.0").mkdir()
+    old = {"release": "0.30.0", "source": "replay", "subject": "builtin", "geometry": "g", "check": "bit-identity",
+           "sparsity": "none", "outcome": "bit-identical"}
+    (tmp_path / "0.30.0" / "results.jsonl").write_text(json.dumps(old) + "\n")
+    with pytest.raises(ValueError, match=r"0\.30\.0/results\.jsonl:1: a result line of another kvconform \(schema 1"):
+        results.read(tmp_path)
+
+
+def test_the_outcome_is_a_word():
+    assert result(outcome="differs").outcome is results.Word.DIFFERS
+
+
+def test_a_run_replaces_its_own_subject_and_keeps_the_others(tmp_path):
+    results.append(tmp_path, result(case="builtin-old"), "a")
+    results.merge(tmp_path, "0.30.0")
+    results.append(tmp_path, dataclasses.replace(result(case="offloader"), subject="example-offloader"), "b")
+    results.merge(tmp_path, "0.30.0")
+    results.append(tmp_path, result(case="builtin-new"), "c")
+    results.merge(tmp_path, "0.30.0")
+    assert sorted((r.subject, r.case) for r in results.read(tmp_path)) == [
+        ("builtin", "builtin-new"), ("example-offloader", "offloader")]

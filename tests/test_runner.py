@@ -10,7 +10,7 @@ if not torch.cuda.is_available():
 
 from hypothesis import settings  # noqa: E402
 
-from harness import profiles, results, runner  # noqa: E402
+from harness import checks, profiles, results, runner  # noqa: E402
 from harness.results import Word  # noqa: E402
 
 profiles.register()
@@ -27,7 +27,7 @@ def session(tmp_path):
 
 def _run(session, check, examples=3):
     r = runner.Runner(session, "pytest suite::check", examples)
-    return r.run(runner.targets(session)[0], "split-agrees", check, needs_subject=False, launches_kernels=False)
+    return r.run(runner.targets(session)[0], checks.SPLIT_AGREES, check)
 
 
 def test_a_check_over_a_target_records_one_result_per_example(session):
@@ -35,7 +35,7 @@ def test_a_check_over_a_target_records_one_result_per_example(session):
         return run.outcome(Word.BIT_IDENTICAL)
 
     settled = _run(session, agrees)
-    assert settled.ran == 3 * runner.CHEAP_FACTOR and not settled.known and settled.failure is None
+    assert settled.ran == 3 * checks.CHEAP_FACTOR and not settled.known and settled.failure is None
     rows = results.read(session.results_dir, "0.25.1", "results.*.jsonl")
     assert len(rows) == settled.ran and {r.outcome for r in rows} == {"bit-identical"}
     assert {r.geometry for r in rows} == {runner.targets(session)[0].geometry}
@@ -92,9 +92,10 @@ def test_outcome_words_are_the_enum():
 
 
 def test_items_run_regressions_then_cheap_checks_then_the_oracle_then_kernels():
-    got = sorted([("bit-identity", False), ("oracle", False), ("split-agrees", False), ("determinism", True)],
-                 key=lambda c: runner.order(*c))
-    assert got == [("determinism", True), ("split-agrees", False), ("oracle", False), ("bit-identity", False)]
+    got = sorted([(checks.BIT_IDENTITY, False), (checks.ORACLE, False), (checks.SPLIT_AGREES, False),
+                  (checks.DETERMINISM, True)], key=lambda c: runner.order(*c))
+    assert got == [(checks.DETERMINISM, True), (checks.SPLIT_AGREES, False), (checks.ORACLE, False),
+                   (checks.BIT_IDENTITY, False)]
 
 
 def test_the_oracle_targets_are_one_per_sparsity_mode_under_the_newest_release(tmp_path):

@@ -1,4 +1,4 @@
-"""The transfer check (kvconform/suites/test_transfer.py) over the example offloaders of examples/: the correct one
+"""The transfer check (conformance/test_transfer.py) over the example offloaders of examples/: the correct one
 passes on every geometry of one release per family; the one that detects the layout by `kv_cache.shape[0] == 2` is
 caught exactly where it is wrong (blocks-first, num_blocks 2), through the runner and through the pytest plugin in
 a throwaway host project; deliberately broken transfers fail."""
@@ -131,10 +131,9 @@ def test_the_runner_catches_shape_sniffing_with_a_repro_at_two_blocks_and_passes
     s = session("offloader:ShapeSniffingOffloader")
     caught = {}
     for t in runner.targets(s):
-        r = runner.Runner(s, "pytest kvconform/suites/test_transfer.py::test_transfer_regression", 1)
+        r = runner.Runner(s, "pytest conformance/test_transfer.py::test_transfer_regression", 1)
         try:
-            r.run(t, "transfer", transfer_check.check, extra=transfer.seeds(), launches_kernels=False,
-                  strategy=transfer.examples, explicit=transfer.explicit)
+            r.run(t, transfer_check.CHECK, transfer_check.check)
         except runner.NewFinding as e:
             caught[t.geometry, t.release.release] = str(e).splitlines()[-1]
     assert {g for g, _ in caught} == {t.geometry for t in runner.targets(s) if t.contract.family == "blocks-first"}

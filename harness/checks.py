@@ -1,0 +1,93 @@
+"""Every check kvconform records, each declared once: what it needs of a subject, what its examples launch, where its
+items run, how its examples are drawn, and what its stored words mean for it. The runner, the plugin, the report and
+the benchmarks read these declarations; the suites in conformance/ implement the checks (a module per check, whose
+`CHECK` is its declaration here). Nothing else names a check.
+
+Launches: `subject` examples run the subject's kernels (they are the kernel examples, wait for the warm-up and are
+counted by the benchmarks); `vllm` examples run vLLM's own device op; `none` look at views of a tensor and cost about
+1/20 of a launch, so they get CHEAP_FACTOR times the examples. Items run in `order` (stored regressions first).
+A check with no suite module (`module` empty) is recorded by another's: drift by the contracts suite, install by
+the nox session, `K/V checks` for the geometries no K/V check covers. Strategies are named "module:function" and
+imported where examples are drawn, so that this module imports nothing (nox's own interpreter reads it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+CHEAP_FACTOR = 5  # examples of a check that launches nothing, per example of one that launches kernels
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check: its name in result lines, the subject capabilities it needs (harness.subjects), what its examples
+    launch, its items' place in a run, the strategies of its examples and of its own argument, explicit examples
+    that always run first, whether the subject is asked `supports(case)` first, and what its words mean."""
+
+    name: str
+    needs: frozenset[str] = frozenset()
+    launches: str = "none"  # "subject", "vllm" or "none"
+    order: int = 1
+    strategy: str = ""  # (contracts, sizes) -> examples; "": harness.strategies.examples
+    explicit: str = ""  # (contract, sizes) -> [(example, extra)] that always run first
+    extra: str = ""  # () -> the strategy of the check's own argument; "": none
+    asks_subject: bool = True
+    says: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+    module: str = ""  # its suite module under conformance/ ("" when another records it)
+
+    @property
+    def kernels(self) -> bool:
+        """Its examples launch the subject's kernels."""
+        return self.launches == "subject"
+
+    @property
+    def budget(self) -> int:
+        """Examples per item, as a multiple of the profile's max_examples."""
+        return 1 if self.launches != "none" else CHEAP_FACTOR
+
+
+INSTALL = Check("install", order=0)
+CONTRACTS = Check("contracts", order=1, module="test_contracts")
+DRIFT = Check("drift", order=1, says={"bit-identical": "no drift", "differs": "drift"})
+SPLIT_AGREES = Check("split-agrees", frozenset({"split"}), asks_subject=False, module="test_split",
+                     says={"bit-identical": "agrees", "differs": "disagrees"})
+REJECTS_MALFORMED = Check("rejects-malformed", frozenset({"split"}), asks_subject=False, module="test_malformed",
+                          extra="harness.strategies:malformations")
+TRANSFER = Check("transfer", frozenset({"transfer"}), strategy="harness.transfer:examples",
+                 explicit="harness.transfer:explicit", extra="harness.transfer:seeds", module="test_transfer")
+KV_CHECKS = Check("K/V checks", order=1)  # the not-applicable lines of geometries no K/V check covers
+VLLM_WRITE = Check("vllm-write", launches="vllm", order=1, asks_subject=False, module="test_vllm_write")
+ORACLE = Check("oracle", frozenset({"forward"}), launches="subject", order=2, module="test_oracle",
+               says={"differs": "out of tolerance"})  # its items are the longest: they start first
+BIT_IDENTITY = Check("bit-identity", frozenset({"split", "forward"}), launches="subject", order=3,
+                     module="test_bit_identity")
+DETERMINISM = Check("determinism", frozenset({"split", "forward"}), launches="subject", order=3,
+                    module="test_determinism", says={"differs": "nondeterministic"})
+ULP_AUTOTUNED = Check("ulp-autotuned", frozenset({"split", "forward"}), launches="subject", order=3)  # bench only
+
+# In the order a reader follows a release: could it be installed and read, then the layout, then the kernels.
+CHECKS = (INSTALL, CONTRACTS, DRIFT, SPLIT_AGREES, REJECTS_MALFORMED, TRANSFER, KV_CHECKS, BIT_IDENTITY,
+          DETERMINISM, ORACLE, VLLM_WRITE, ULP_AUTOTUNED)
+KERNEL_CHECKS = tuple(c.name for c in CHECKS if c.kernels)
+BY_NAME = {c.name: c for c in CHECKS}
+
+
+def get(name: str) -> Check:
+    """The declaration of the check named `name`."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"no check named {name!r}; declared: {', '.join(BY_NAME)}") from None
+
+
+def resolve(ref: str):
+    """The function a "module:function" reference names."""
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def says(check: str, word: str) -> str:
+    """What stored outcome word `word` means for `check` (the word itself where the check does not say)."""
+    known = BY_NAME.get(check)
+    return known.says.get(word, word) if known else word

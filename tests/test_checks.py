@@ -1,0 +1,66 @@
+"""Each check is declared once (harness.checks) and nothing else lists check names: the runner, the plugin, the
+report, the benchmarks and the suites read the declarations."""
+
+import ast
+from pathlib import Path
+
+from harness import checks
+
+REPO = Path(__file__).resolve().parent.parent
+# Everything but the declarations, the harness's own tests and data: where a check name must not be spelled out.
+SOURCES = [p for d in ("harness", "kvconform", "conformance", "benchmarks", "examples", "scripts")
+           for p in (REPO / d).rglob("*.py")] + [REPO / "noxfile.py"]
+
+
+def named_checks(path: Path) -> list[tuple[int, str]]:
+    """(line, name) of every declared check's name that `path` uses as a check: in a collection literal of two or
+    more check names (a list of checks), compared with something named for a check (`check == "oracle"`), or passed
+    as `check=` or assigned to something named for a check (`CHECK = "oracle"`). The same word meaning something else (a capability, a JSON field, a folder) is not a listing."""
+    tree = ast.parse(path.read_text())
+    out = []
+
+    def names(nodes) -> list[ast.Constant]:
+        return [n for n in nodes if isinstance(n, ast.Constant) and n.value in checks.BY_NAME]
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(names(node.elts)) >= 2:
+            out += names(node.elts)
+        elif isinstance(node, ast.Dict) and len(names(node.keys)) >= 2:
+            out += names(node.keys)
+        elif isinstance(node, ast.Compare) and "check" in ast.unparse(node).lower():
+            out += names([node.left, *node.comparators])
+        elif isinstance(node, ast.keyword) and node.arg == "check":
+            out += names([node.value])
+        elif isinstance(node, ast.Assign) and any("check" in ast.unparse(t).lower() for t in node.targets):
+            out += names([node.value])
+    return sorted({(n.lineno, n.value) for n in out})
+
+
+def test_every_check_is_declared_once():
+    names = [c.name for c in checks.CHECKS]
+    assert len(names) == len(set(names)), names
+    source = (REPO / "harness" / "checks.py").read_text()
+    assert all(source.count(f'Check("{n}"') == 1 for n in names)
+
+
+def test_no_module_outside_the_declarations_names_a_check():
+    found = {f"{p.relative_to(REPO)}:{line}": name for p in SOURCES if p.name != "checks.py"
+             for line, name in named_checks(p)}
+    assert found == {}, found
+
+
+def test_the_scan_finds_a_listed_check_name(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text('KERNEL = ("bit-identity", "oracle")\nif check == "drift":\n    pass\nroot / "contracts"\n'
+                       'CAPABILITIES = ("split", "transfer")\nrecord(check="install")\nCHECK = "transfer"\n')
+    assert named_checks(planted) == [(1, "bit-identity"), (1, "oracle"), (2, "drift"), (6, "install"), (7, "transfer")]
+
+
+def test_every_suite_module_implements_one_declared_check():
+    import kvconform.suites as suites
+
+    modules = sorted(p.stem for p in Path(suites.__path__[0]).glob("test_*.py"))
+    assert modules == sorted(c.module for c in checks.CHECKS if c.module)
+    for name in modules:
+        module = __import__(f"kvconform.suites.{name}", fromlist=["CHECK"])
+        assert module.CHECK is checks.BY_NAME[module.CHECK.name] and module.CHECK.module == name
