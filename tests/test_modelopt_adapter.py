@@ -46,7 +46,7 @@ except ModeloptUnavailable as unavailable:
     pytest.skip(str(unavailable), allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("oracle_check", ROOT / "kvconform" / "suites" / "test_oracle.py")
+_spec = importlib.util.spec_from_file_location("oracle_check", ROOT / "conformance" / "test_oracle.py")
 oracle_check = importlib.util.module_from_spec(_spec)  # the oracle check's judgement, as the suites run it
 _spec.loader.exec_module(oracle_check)
 SHAPE_ERA = VllmRelease("0.28.0", frozenset(LAYOUT_METHODS))  # vLLM <= 0.28: get_kv_cache_shape + stride order
