@@ -33,19 +33,21 @@ class Recording:
     release: str
     contracts: tuple[Contract, ...]
     observations: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    api: dict[str, Any] | None = field(default=None, compare=False, hash=False)  # harness.vllm_api.surface
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "release": self.release,
             "contracts": [c.to_json() for c in self.contracts],
             "observations": self.observations,
         }
+        return out if self.api is None else {**out, "api": self.api}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Recording:
         try:
             contracts = tuple(Contract.from_json(c) for c in data["contracts"])
-            return cls(data["release"], contracts, data.get("observations", {}))
+            return cls(data["release"], contracts, data.get("observations", {}), data.get("api"))
         except KeyError as e:
             raise ContractError(f"recording lacks field {e}: {sorted(data)}") from None
 
@@ -82,7 +84,9 @@ def save(recording: Recording, root: Path = ROOT) -> Path:
 def drift(recorded: Recording, live: Recording) -> list[str]:
     """Readable differences between two recordings' contracts; empty when the release's contract is unchanged.
 
-    Only contracts are compared (a nightly build is checked against the `main` recording under its own version).
+    Contracts are compared, and, where the live probe kept it, the layout API (harness.vllm_api.surface: names,
+    signatures, answers; a recording without it drifts until re-recorded). A nightly build is checked against the
+    `main` recording under its own version.
     Contracts are matched by origin (the switch setting they were read under), so a change reads as
     "HND single-layer: physical order B.KV.H.N.D -> B.KV.N.H.D" rather than as one removal plus one addition.
     """
@@ -97,6 +101,10 @@ def drift(recorded: Recording, live: Recording) -> list[str]:
             out.append(f"{key}: contract gone (was {a.describe()})")
         else:
             out.extend(f"{key}: {line}" for line in _contract_diff(a, b))
+    if live.api is not None:  # a live probe keeps the layout API: its surface and answers must not move either
+        from harness.vllm_api.surface import surface_diff
+
+        out.extend(f"layout API: {line}" for line in surface_diff(recorded.api, live.api))
     return out
 
 
@@ -203,7 +211,7 @@ def main_from(release: str, root: Path = ROOT) -> Recording:
     src = load(release, root)
     note = (f"copy of the vllm {release} probe: the nightly index could not be reached when this was recorded; "
             "the nightly lane probes main live and fails on drift from these contracts")
-    rec = Recording("main", src.contracts, dict(src.observations, copied_from=release, note=note))
+    rec = Recording("main", src.contracts, dict(src.observations, copied_from=release, note=note), src.api)
     save(rec, root)
     return rec
 

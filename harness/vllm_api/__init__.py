@@ -1,0 +1,1 @@
+"""What a subject sees of a vLLM release's layout API (placeholder docstring, rewritten below)."""
