@@ -213,3 +213,48 @@ def test_modelopt_release_without_api_is_a_contract_error() -> None:
 
     with pytest.raises(ContractError, match="records no layout API"):
         VllmRelease.from_recording(dataclasses.replace(fixtures.load(RECORDED[0]), api=None))
+
+
+@pytest.mark.parametrize("release", RECORDED)
+def test_stride_orders_agree_with_the_contracts(release: str, monkeypatch) -> None:
+    # The stand-in's stride order (a recorded answer) and the contract the probe read under the same setting (the
+    # model the conformance suites allocate from) must name the same physical order.
+    rec = fixtures.load(release)
+    checked = 0
+    for c in rec.contracts:
+        try:
+            cls = backend_class(rec, c.origin.backend_name)
+        except ApiError:
+            continue
+        if not hasattr(cls, "get_kv_cache_stride_order"):
+            continue
+        for setting in c.origin.setting.split(" + "):
+            value = setting.split()[0].removeprefix("VLLM_KV_CACHE_LAYOUT=")
+            if value not in ("NHD", "HND"):
+                continue
+            monkeypatch.setenv(SWITCH, value)
+            if "cross-layer" in setting:
+                want = tuple((("L",) + c.logical).index(a) for a in c.physical)
+                assert cls.get_kv_cache_stride_order(include_num_layers_dimension=True) == want, (c.describe(), setting)
+            else:
+                want = tuple(c.logical.index(a) for a in c.physical)
+                assert cls.get_kv_cache_stride_order() == want, (c.describe(), setting)
+            checked += 1
+    era = rec.observations.get("era")
+    assert checked or era in ("era_enum", "era_shape"), f"vLLM {release}: no contract was checked"
+
+
+def test_a_planted_wrong_shape_answer_leaves_the_model_without_an_answer() -> None:
+    # The shape is computed from the contract and a width rule; an answer no rule reproduces is refused, not served.
+    rec = next((fixtures.load(r) for r in RECORDED if fixtures.load(r).observations.get("era") != "era_enum"), None)
+    api = copy.deepcopy(rec.api)
+    fa = api["backends"]["FLASH_ATTN"]
+    a = next(a for a in fa["answers"] if a["call"] == "get_kv_cache_shape" and "result" in a)
+    a["result"] = {"tuple": [v + 1 for v in a["result"]["tuple"]]}
+    planted = dataclasses.replace(rec, api=api)
+    from harness.vllm_api.standins import StandIns
+
+    cls = StandIns(api_of(planted), planted.contracts).backend("FLASH_ATTN")
+    with pytest.raises(CannotAnswer, match="no layout model reproduces"):
+        cls.get_kv_cache_shape(*a["args"], **a["kwargs"])
+    assert _said(lambda: cls.get_kv_cache_shape(*a["args"], **a["kwargs"]))[0] != _recorded(a)[0]
