@@ -17,6 +17,7 @@ is an answer too (its exception type and text).
 from __future__ import annotations
 
 import contextlib
+import enum
 import inspect
 import os
 import types
@@ -90,7 +91,7 @@ def _module(mod: types.ModuleType, wanted: tuple[str, ...]) -> dict[str, Any]:
         if not hasattr(mod, n):
             continue
         obj = getattr(mod, n)
-        if isinstance(obj, type) and issubclass(obj, __import__("enum").Enum):
+        if isinstance(obj, type) and issubclass(obj, enum.Enum):
             names[n] = surface.describe_enum(obj)
         else:
             names[n] = {"kind": "function", "signature": surface.signature(obj)}

@@ -150,12 +150,12 @@ def replaying(recording: Recording, rebind: tuple[types.ModuleType, ...] = (), d
         if _active and _active[-1] != recording.release:
             raise RuntimeError(f"replaying vLLM {recording.release} while vLLM {_active[-1]}'s stand-ins are "
                                "installed: one release at a time per process")
-        if not _active and importlib.util.find_spec("vllm") is not None:
-            raise RuntimeError("a real vLLM is importable here: replay stand-ins never shadow it (use vLLM's own "
-                               "classes; harness.vllm_api.backend_class does)")
         if [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")] and not _active:
             raise RuntimeError("vllm modules are already imported in this process: replay stand-ins cannot be "
                                "installed beside them")
+        if not _active and importlib.util.find_spec("vllm") is not None:
+            raise RuntimeError("a real vLLM is importable here: replay stand-ins never shadow it (use vLLM's own "
+                               "classes; harness.vllm_api.backend_class does)")
         mods = build(recording, device)
         finder = _Finder(recording.release, mods)
         saved = {k: sys.modules[k] for k in mods if k in sys.modules}

@@ -23,6 +23,7 @@ import builtins
 import enum
 import functools
 import inspect
+import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -47,7 +48,7 @@ class CannotAnswer(NotImplementedError):
 
 
 class Refused(Exception):
-    """Marker base: a stand-in raising the release's recorded refusal also derives from this."""
+    """Base of every recorded refusal a stand-in raises again (beside the release's own exception type)."""
 
 
 def decode(x: Any, enums: dict[str, type[enum.Enum]], classes: dict[str, type]) -> Any:
@@ -159,7 +160,7 @@ class _Shapes:
         bad = {args["block_size"]: a["raises"] for args, a in refused}
         if not bad:
             return 1, None
-        m = functools.reduce(lambda x, y: __import__("math").gcd(x, y), sizes)
+        m = functools.reduce(math.gcd, sizes)
         if any(bs % m == 0 for bs in bad):
             return 1, None  # refusals that are not a block-size rule: left to the per-dtype fit
         return m, next(iter(bad.values()))
@@ -236,7 +237,7 @@ def _key(args: dict[str, Any], where: dict[str, Any]) -> str:
     return repr((sorted(args.items()), sorted(where.items())))
 
 
-def layout_setting(release: str) -> str | None:
+def layout_setting() -> str | None:
     """The VLLM_KV_CACHE_LAYOUT setting a stand-in answers under: the environment's, read at each call (vLLM reads
     it once per process through a cache; replay serves one setting per call instead)."""
     return os.environ.get(SWITCH)
@@ -336,7 +337,7 @@ class StandIns:
             def finite(args):
                 now = {}
                 if "env" in conditions:
-                    now["env"] = layout_setting(release)
+                    now["env"] = layout_setting()
                 if "device" in conditions:
                     now["device"] = self.device
                 return answer(args, now)
@@ -369,7 +370,7 @@ class StandIns:
             if answer is None:
                 raise CannotAnswer(f"REPLAY of vLLM {self.release}: {where} takes vLLM's own objects (specs, "
                                    "tensors), which the recording does not model")
-            return answer(dict(bound.arguments), {"env": layout_setting(self.release)})
+            return answer(dict(bound.arguments), {"env": layout_setting()})
 
         fn.__name__ = fn.__qualname__ = name
         fn.__signature__ = sig
