@@ -43,8 +43,9 @@ WIDTHS: dict[str, Callable[[int], int]] = {
 }
 
 
-class CannotAnswer(NotImplementedError):
-    """The recording's model cannot answer this call as the release would (never a guess)."""
+class CannotAnswer(RuntimeError):
+    """The recording's model cannot answer this call as the release would (never a guess). Not a
+    NotImplementedError: consumers read that one as a release's "no stride order" (vLLM's model runner does)."""
 
 
 class Refused(Exception):
