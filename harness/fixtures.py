@@ -33,19 +33,21 @@ class Recording:
     release: str
     contracts: tuple[Contract, ...]
     observations: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    api: dict[str, Any] | None = field(default=None, compare=False, hash=False)  # harness.vllm_api.surface
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "release": self.release,
             "contracts": [c.to_json() for c in self.contracts],
             "observations": self.observations,
         }
+        return out if self.api is None else {**out, "api": self.api}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Recording:
         try:
             contracts = tuple(Contract.from_json(c) for c in data["contracts"])
-            return cls(data["release"], contracts, data.get("observations", {}))
+            return cls(data["release"], contracts, data.get("observations", {}), data.get("api"))
         except KeyError as e:
             raise ContractError(f"recording lacks field {e}: {sorted(data)}") from None
 
@@ -96,9 +98,10 @@ def drift(recorded: Recording, live: Recording) -> list[str]:
     Contracts are compared (a nightly build is checked against the `main` recording under its own version), and
     so is whether each backend could be read: a backend the live probe could not import or read is one line naming
     it and the error, in place of a "contract gone" line per contract the recording has from it; a recording that
-    could not read that backend either is no drift. Contracts are matched by origin (the switch setting they were
-    read under), so a change reads as "HND single-layer: physical order B.KV.H.N.D -> B.KV.N.H.D" rather than as
-    one removal plus one addition.
+    could not read that backend either is no drift. Where the live probe kept it, the layout API is compared too
+    (harness.vllm_api.surface: names, signatures, answers; a recording without it drifts until re-recorded).
+    Contracts are matched by origin (the switch setting they were read under), so a change reads as
+    "HND single-layer: physical order B.KV.H.N.D -> B.KV.N.H.D" rather than as one removal plus one addition.
     """
     out, unread = [], set()
     was = recorded.observations.get("backends", {})
@@ -126,6 +129,10 @@ def drift(recorded: Recording, live: Recording) -> list[str]:
                 out.append(f"{key}: contract gone (was {a.describe()})")
         else:
             out.extend(f"{key}: {line}" for line in _contract_diff(a, b))
+    if live.api is not None:  # a live probe keeps the layout API: its surface and answers must not move either
+        from harness.vllm_api.surface import surface_diff
+
+        out.extend(f"layout API: {line}" for line in surface_diff(recorded.api, live.api))
     return out
 
 
@@ -232,7 +239,7 @@ def main_from(release: str, root: Path = ROOT) -> Recording:
     src = load(release, root)
     note = (f"copy of the vllm {release} probe: the nightly index could not be reached when this was recorded; "
             "the nightly lane probes main live and fails on drift from these contracts")
-    rec = Recording("main", src.contracts, dict(src.observations, copied_from=release, note=note))
+    rec = Recording("main", src.contracts, dict(src.observations, copied_from=release, note=note), src.api)
     save(rec, root)
     return rec
 

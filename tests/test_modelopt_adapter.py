@@ -32,13 +32,12 @@ from harness.contract import Contract, ContractError, Dims, cross_layer, familie
 from harness.fixtures import Recording  # noqa: E402
 from harness.subjects import SparsitySemantics, TileConfig, semantics_of  # noqa: E402
 from harness.subjects.modelopt import (  # noqa: E402
-    LAYOUT_METHODS,
     ModeloptSubject,
     ModeloptUnavailable,
     VllmRelease,
-    replay_backend,
     split_mismatch,
 )
+from harness.vllm_api import backend_class  # noqa: E402
 
 try:  # through the subject, so that KVCONFORM_MODELOPT (a version or a source tree) selects what is tested
     VERSION = ModeloptSubject().version
@@ -49,8 +48,26 @@ ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("oracle_check", ROOT / "conformance" / "test_oracle.py")
 oracle_check = importlib.util.module_from_spec(_spec)  # the oracle check's judgement, as the suites run it
 _spec.loader.exec_module(oracle_check)
-SHAPE_ERA = VllmRelease("0.28.0", frozenset(LAYOUT_METHODS))  # vLLM <= 0.28: get_kv_cache_shape + stride order
-ENUM_ERA = VllmRelease("0.29.0", frozenset())  # vLLM >= 0.29: KVCacheLayout, no shape method
+# The recorded releases on either side of FlashAttentionBackend.get_kv_cache_shape's removal, replayed through
+# harness.vllm_api's stand-ins (the newest release of the shape era, the first of the KVCacheLayout era).
+_with_api = [r for r in fixtures.releases() if fixtures.load(r).api is not None]
+_shape = [r for r in _with_api if "get_kv_cache_shape" in VllmRelease.from_recording(fixtures.load(r)).backend_methods]
+_enum = [r for r in _with_api if r not in _shape and r != "main"]
+if not _shape or not _enum:
+    pytest.skip(f"the recordings with the layout API ({_with_api}) span no shape-era and enum-era release",
+                allow_module_level=True)
+SHAPE_ERA = VllmRelease.from_recording(fixtures.load(_shape[-1]))  # get_kv_cache_shape + stride order
+ENUM_ERA = VllmRelease.from_recording(fixtures.load(_enum[0]))  # KVCacheLayout, no shape method
+
+
+def _release_for(contract: Contract) -> VllmRelease:
+    """The newest recorded shape-era release whose FlashAttentionBackend answers `contract`'s family: its stand-in
+    answers that release's own shape, so a contract of another family would be (rightly) mis-split."""
+    for r in reversed(_shape):
+        rec = fixtures.load(r)
+        if any(c.logical == contract.logical for c in rec.contracts if c.origin.backend_name == "FLASH_ATTN"):
+            return VllmRelease.from_recording(rec)
+    pytest.skip(f"no recording with the layout API has FLASH_ATTN's {contract.family} family (recorded: {_shape})")
 CONTRACTS = families() + [cross_layer(c, outer) for c in families() for outer in (True, False)]
 
 
@@ -70,7 +87,7 @@ def _filled(contract: Contract, dims: Dims) -> torch.Tensor:
 def test_plugin_split_agrees_with_the_contract(contract: Contract, num_blocks: int) -> None:
     dims = _dims(contract, num_blocks)
     kv = _filled(contract, dims)
-    got = ModeloptSubject(SHAPE_ERA).split(kv, contract)
+    got = ModeloptSubject(_release_for(contract)).split(kv, contract)
     want = contract.split(kv, dims)
     assert split_mismatch(got, want) is None
     for g, w in zip(got, want):
@@ -85,23 +102,26 @@ def test_release_without_get_kv_cache_shape_is_a_contract_error(contract: Contra
     text = str(err.value)
     # The plugin's own exception, the release replayed, the full shape and the contract.
     assert "AttributeError: type object 'FlashAttentionBackend' has no attribute 'get_kv_cache_shape'" in text
-    assert "REPLAY of vLLM 0.29.0" in text and str(tuple(kv.shape)) in text and contract.describe() in text
+    assert f"REPLAY of vLLM {ENUM_ERA.version}" in text and str(tuple(kv.shape)) in text and contract.describe() in text
 
 
 def test_the_plugin_rejects_a_layout_it_does_not_know() -> None:
     # A release whose shape method answers none of the three families the plugin knows: its RuntimeError, kept.
     contract = families()[0]
     kv = contract.allocate(_dims(contract, 3), torch.float16)
+    # A class that is no stand-in is left in place by the replay's rebinding.
+    import modelopt.torch.sparsity.attention_sparsity.plugins.vllm as plugin
+
     odd = type("FlashAttentionBackend", (), {"get_kv_cache_shape": staticmethod(lambda *a, **k: (3, 16, 2, 1, 16))})
     subject = ModeloptSubject(SHAPE_ERA)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("harness.subjects.modelopt.replay_backend", lambda c, r: odd)
+        mp.setattr(plugin, "FlashAttentionBackend", odd)
         with pytest.raises(ContractError, match=r"RuntimeError: Unsupported vLLM FlashAttention KV cache shape "
                                                 r"\(3, 16, 2, 1, 16\)"):
             subject.split(kv, contract)
 
 
-@pytest.mark.parametrize("release", fixtures.releases())
+@pytest.mark.parametrize("release", _with_api)
 def test_an_unbound_subject_replays_the_release_a_recorded_contract_names(release: str) -> None:
     rec = fixtures.load(release)
     expected = VllmRelease.from_recording(rec)
@@ -141,7 +161,7 @@ def test_a_broken_plugin_split_is_caught(contract: Contract, wrong: str) -> None
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plugin, "_flash_attention_kv_cache_layout", lambda: wrong)
         try:
-            got = ModeloptSubject(SHAPE_ERA).split(kv, contract)
+            got = ModeloptSubject(_release_for(contract)).split(kv, contract)
         except ContractError as err:
             assert contract.describe() in str(err)  # refused, and said so: a contract-error
             return
@@ -157,7 +177,7 @@ def test_a_wrong_unbind_can_be_silent() -> None:
     kv = _filled(contract, dims)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plugin, "_flash_attention_kv_cache_layout", lambda: "blocks-first")
-        got = ModeloptSubject(SHAPE_ERA).split(kv, contract)
+        got = ModeloptSubject(_release_for(contract)).split(kv, contract)
     want = contract.split(kv, dims)
     assert [g.shape for g in got] == [w.shape for w in want]
     assert "V: plugin view" in split_mismatch(got, want) or "K: plugin view" in split_mismatch(got, want)
@@ -166,50 +186,48 @@ def test_a_wrong_unbind_can_be_silent() -> None:
 def test_swapped_k_and_v_are_caught() -> None:
     contract = families()[4]
     kv = _filled(contract, _dims(contract, 3))
-    k, v = ModeloptSubject(SHAPE_ERA).split(kv, contract)
+    k, v = ModeloptSubject(_release_for(contract)).split(kv, contract)
     assert split_mismatch((v, k), contract.split(kv)) is not None
 
 
-def test_recorded_release_maps_to_its_backend_methods() -> None:
-    def rec(method: str) -> Recording:
-        return Recording("x", (families()[0],), {"method": method})
+def test_the_stand_in_answers_the_release_not_the_contract() -> None:
+    # A contract of another family than the replayed release's: the plugin asks the release and mis-splits (or
+    # refuses); a stand-in answering from the contract under test would hide this.
+    release = _release_for(families()[0])
+    other = next(c for c in families() if c.logical != next(
+        c.logical for c in release.recording.contracts if c.origin.backend_name == "FLASH_ATTN"))
+    kv = _filled(other, _dims(other, 3))
+    try:
+        got = ModeloptSubject(release).split(kv, other)
+    except ContractError:
+        return
+    assert split_mismatch(got, other.split(kv)) is not None
 
-    assert VllmRelease.from_recording(rec("get_kv_cache_shape + forward write")).backend_methods == {
-        "get_kv_cache_shape"}
-    assert VllmRelease.from_recording(
-        rec("get_kv_cache_shape + get_kv_cache_stride_order + do_kv_cache_update write")).backend_methods == set(
-        LAYOUT_METHODS)
-    assert VllmRelease.from_recording(rec("KVCacheLayout + create_kv_cache_views")).backend_methods == set()
-    explicit = Recording("x", (families()[0],), {"method": "?", "backend_methods": ["get_kv_cache_shape"]})
-    assert VllmRelease.from_recording(explicit).backend_methods == {"get_kv_cache_shape"}
-    with pytest.raises(ContractError, match="observations hold"):
+
+def test_recorded_release_maps_to_its_backend_methods() -> None:
+    assert {"get_kv_cache_shape", "get_kv_cache_stride_order"} <= SHAPE_ERA.backend_methods
+    assert not {"get_kv_cache_shape", "get_kv_cache_stride_order"} & ENUM_ERA.backend_methods
+    with pytest.raises(ContractError, match="records no layout API"):
         VllmRelease.from_recording(Recording("x", (families()[0],), {}))
 
 
-def test_replay_backend_answers_like_vllm() -> None:
-    # Expected values copied from vLLM's own sources: 0.27.1 flash_attn.py (packed, NHD/HND, with layers),
-    # and the shapes modelopt's detection compares against (its probe get_kv_cache_shape(3, 16, 1, 16)).
-    packed_nhd, packed_hnd = families()[4], families()[5]
-    assert packed_nhd.physical == ("B", "N", "H", "C") and packed_hnd.physical == ("B", "H", "N", "C")
-    be = replay_backend(packed_nhd, SHAPE_ERA)
-    assert be.get_kv_cache_shape(3, 16, 1, 16) == (3, 1, 16, 32)
-    assert be.get_kv_cache_stride_order() == (0, 2, 1, 3)
-    assert replay_backend(packed_hnd, SHAPE_ERA).get_kv_cache_stride_order() == (0, 1, 2, 3)
-    assert replay_backend(cross_layer(packed_nhd, False), SHAPE_ERA).get_kv_cache_stride_order(True) == (1, 0, 3, 2, 4)
-    hnd_layers = Contract(packed_hnd.logical, ("B", "H", "L", "N", "C"))  # vLLM's HND cross-layer: L inside H
-    assert replay_backend(hnd_layers, SHAPE_ERA).get_kv_cache_stride_order(True) == (1, 2, 0, 3, 4)
-    assert replay_backend(families()[0], SHAPE_ERA).get_kv_cache_shape(3, 16, 1, 16) == (2, 3, 16, 1, 16)
-    assert replay_backend(families()[2], SHAPE_ERA).get_kv_cache_shape(3, 16, 1, 16) == (3, 2, 16, 1, 16)
-    assert not hasattr(replay_backend(families()[0], ENUM_ERA), "get_kv_cache_shape")
+def test_the_plugin_asks_the_replayed_release_stand_in() -> None:
+    # The plugin's sentinel question, answered by the stand-in from the recording's model (not by modelopt).
+    be = backend_class(SHAPE_ERA.recording, "FLASH_ATTN")
+    fa = next(c for c in SHAPE_ERA.recording.contracts if c.origin.backend_name == "FLASH_ATTN")
+    assert be.get_kv_cache_shape(3, 16, 1, 16) == tuple(
+        {"KV": 2, "B": 3, "N": 16, "H": 1, "D": 16, "C": 32}[a] for a in fa.logical)
+    assert not hasattr(backend_class(ENUM_ERA.recording, "FLASH_ATTN"), "get_kv_cache_shape")
 
 
 def test_a_replayed_split_leaves_no_stand_in_behind() -> None:
     contract = families()[2]
-    ModeloptSubject(SHAPE_ERA).split(contract.allocate(_dims(contract, 3), torch.float16), contract)
+    ModeloptSubject(_release_for(contract)).split(contract.allocate(_dims(contract, 3), torch.float16), contract)
     import modelopt.torch.sparsity.attention_sparsity.plugins.vllm as plugin
 
-    assert "vllm" not in sys.modules and "vllm.v1.attention.backends.flash_attn" not in sys.modules
-    assert plugin.FlashAttentionBackend.__doc__ == "REPLAY placeholder"
+    assert not [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]
+    assert plugin.FlashAttentionBackend.__doc__.startswith("REPLAY stand-in for vLLM")
+    assert not hasattr(sys.modules[plugin.__name__], "replay_backend")
 
 
 # --- the kernel, paged vs dense, in Triton's interpreter ---------------------------------------------------------
@@ -227,7 +245,7 @@ def _paged(case: Case, contract: Contract):
     kv = contract.allocate(dims, case.torch_dtype)
     pg = paging(case.kv_lens, case.block_size, dims.num_blocks, seed=case.seed)
     write(*contract.split(kv, dims), pg, k, v)
-    k_cache, v_cache = SUBJECT.split(kv, contract)
+    k_cache, v_cache = ModeloptSubject(_release_for(contract)).split(kv, contract)
     return q, k, v, k_cache, v_cache, pg
 
 

@@ -360,3 +360,26 @@ def test_a_backend_module_that_fails_to_import_is_recorded_unreadable_and_named_
     assert lines == [f"backend FLASHINFER could not be imported or read: {observed['FLASHINFER']['why']}; the "
                      "recording read 1 contract from it",
                      f"backend TRITON_ATTN could not be imported or read: {observed['TRITON_ATTN']['why']}"]
+
+
+def test_the_probe_records_the_layout_api_and_its_stand_in_answers_like_the_release(monkeypatch):
+    from harness import fixtures
+    from harness.probe.api import _layout_env
+    from harness.vllm_api.standins import StandIns
+    from harness.vllm_api.surface import Api
+
+    _shape_era(monkeypatch, family="blocks-first", stride="layers", write="method")
+    rec = p.probe()
+    fa = sys.modules["vllm.v1.attention.backends.flash_attn"].FlashAttentionBackend
+    assert {"get_kv_cache_shape", "get_kv_cache_stride_order"} <= set(rec.api["backends"]["FLASH_ATTN"]["members"])
+    stand = StandIns(Api.from_json("0.0.fake", rec.api, "the fake"), rec.contracts).backend("FLASH_ATTN")
+    for args in [(9, 32, 5, 48), (1234, 16, 8, 128), (1, 16, 1, 16)]:  # sizes the probe never asked
+        assert stand.get_kv_cache_shape(*args) == tuple(fa.get_kv_cache_shape(*args))
+    for setting in ("NHD", "HND"):
+        for flag in (False, True):
+            with _layout_env(setting):
+                assert stand.get_kv_cache_stride_order(flag) == tuple(fa.get_kv_cache_stride_order(flag))
+    # The same release with another shape: the live drift check names the answers that moved.
+    _shape_era(monkeypatch, family="packed", stride="layers", write="method")
+    moved = fixtures.drift(rec, p.probe())
+    assert any(line.startswith("layout API: FLASH_ATTN: ") and "get_kv_cache_shape" in line for line in moved), moved

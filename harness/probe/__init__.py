@@ -66,9 +66,12 @@ def probe() -> Recording:
         if gap is None:
             from harness.probe import backends
 
+            from harness.probe import api
+
             rec = era.probe(version)
             more, observed = backends.read(version, enum_era=name == "era_enum")
-            return Recording(rec.release, rec.contracts + tuple(more), {**rec.observations, "backends": observed})
+            return Recording(rec.release, rec.contracts + tuple(more), {**rec.observations, "backends": observed},
+                             api.record(enum_era=name == "era_enum"))
         missing.append(f"{name}: {gap}")
     raise ProbeError(f"vllm {version}: no adapter understands this release's API; " + "; ".join(missing))
 
@@ -81,6 +84,28 @@ def module(name: str) -> types.ModuleType | None:
         if e.name and name.startswith(e.name):
             return None
         raise ProbeError(f"importing {name} failed: {e}") from e
+    except Exception as e:  # noqa: BLE001 - named below
+        lib = _gpu_library_in(e)
+        if lib is None:
+            raise
+        # A GPU library installed but broken on this CPU host (a CUDA binding it needs is missing) is, for the
+        # probe, one that is not installed: the backend's module is then imported with the library stubbed.
+        gone = ModuleNotFoundError(f"{lib} is installed but does not import here: {type(e).__name__}: {e}", name=lib)
+        raise ProbeError(f"importing {name} failed: {gone}") from gone
+
+
+def _gpu_library_in(e: BaseException) -> str | None:
+    """The GPU library (harness.probe.backends.GPU_LIBRARIES) whose import raised `e`, if one did."""
+    from harness.probe.backends import GPU_LIBRARIES
+
+    tb = e.__traceback__
+    while tb is not None:
+        parts = tb.tb_frame.f_code.co_filename.replace("\\", "/").split("/")
+        for lib in GPU_LIBRARIES:
+            if lib in parts[:-1]:
+                return lib
+        tb = tb.tb_next
+    return None
 
 
 def axes(shape: tuple[int, ...], what: str, layers: bool = False) -> tuple[str, ...]:

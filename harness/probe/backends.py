@@ -415,7 +415,10 @@ class _Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def stubs(root: str) -> Iterator[None]:
     """Import with `root` (a GPU library) and its submodules served as stubs; they are gone afterwards."""
     finder = _Stubs(root)
-    sys.meta_path.append(finder)
+    # First on the path: a library that is installed but broken must not be found before its stub.
+    for name in [n for n in sys.modules if n == root or n.startswith(root + ".")]:
+        del sys.modules[name]
+    sys.meta_path.insert(0, finder)
     try:
         yield
     finally:

@@ -12,10 +12,11 @@ What runs is modelopt's code, unchanged (facts per release in docs/modelopt.md):
   `_flash_attention_kv_cache_layout()`, probing `FlashAttentionBackend.get_kv_cache_shape(3, 16, 1, 16)`; 0.45:
   always `kv_cache.unbind(0)`), splits, and hands `k_cache`/`v_cache` to `triton_attention`. `split()` runs that
   forward and takes the views it hands over, stopping before any launch.
-- replay: without vLLM installed, the plugin module is imported against REPLAY stand-ins of the three vLLM names
-  it imports, and each split swaps in a stand-in `FlashAttentionBackend` that has exactly the layout methods the
-  recorded release has (fixtures/contracts/<release>.json; the release is bound with `for_release` or named by
-  the contract's origin), each answering from the recorded contract.
+- replay: without vLLM installed, the plugin module is imported, and each split runs, under the recorded release's
+  stand-in vLLM modules (harness.vllm_api.replaying: `FlashAttentionBackend` with exactly the release's layout
+  methods, signatures and answers, placeholders for `FlashAttentionImpl` and `FlashAttentionMetadata`); the
+  release is bound with `for_release` or named by the contract's origin. The plugin bound its names when it was
+  imported (under the newest recorded release): each split rebinds them to the replayed release's.
 
 Sparsity mapping (harness `Sparsity` -> `attention()` keywords) and the semantics the subject declares, read from
 triton_fa.py and sparsity/attention/skip_softmax_helpers.py (0.46-0.47; the oracle judges the subject by them):
@@ -40,22 +41,21 @@ import os
 import sys
 import threading
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from unittest import mock
 
 import torch
 
 from harness.cache import Paging
 from harness.cases import Case
-from harness.contract import Contract, ContractError, Dims
-from harness import fixtures
+from harness.contract import Contract, ContractError
+from harness import fixtures, vllm_api
 from harness.fixtures import Recording
 from harness.subjects import SparsitySemantics, TileConfig, check_paged_views
 
 ENV = "KVCONFORM_MODELOPT"  # a PyPI version ("0.47.0") or a modelopt source tree (a directory holding `modelopt/`)
 PLUGIN = "modelopt.torch.sparsity.attention_sparsity.plugins.vllm"
 VLLM_FA = "vllm.v1.attention.backends.flash_attn"
-LAYOUT_METHODS = ("get_kv_cache_shape", "get_kv_cache_stride_order")
 NM_GROUPS = (4, 8)  # skip_softmax_helpers._apply_sparse_nm_to_qk_tile: static_assert SPARSITY_M == 4 or 8
 HEAD_DIMS = (16, 256)  # tl.dot needs K >= 16 (BLOCK_D = next_pow2(head_dim)); vLLM's FA caps head size at 256
 PINNED = TileConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)  # in every release's _FWD_CONFIGS (0.45-0.47)
@@ -69,30 +69,24 @@ class ModeloptUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class VllmRelease:
-    """What replay needs from a recorded release: its name and which layout methods its FlashAttentionBackend has."""
+    """A recorded release to replay: its name and recording (whose layout API the stand-ins are built from)."""
 
     version: str
-    backend_methods: frozenset[str]
-
-    def __post_init__(self) -> None:
-        unknown = set(self.backend_methods) - set(LAYOUT_METHODS)
-        if unknown:
-            raise ValueError(f"vLLM {self.version}: unknown backend methods {sorted(unknown)}; known {LAYOUT_METHODS}")
+    recording: Recording = field(compare=False, repr=False)
 
     @classmethod
     def from_recording(cls, recording: Recording) -> VllmRelease:
-        """The release as its probe recorded it: `observations["backend_methods"]` when recorded, else the layout
-        methods the probe itself called (named in `observations["method"]`; the era_enum probe calls none, and
-        FlashAttentionBackend has none of them in vLLM 0.29.0-0.33.0's sources)."""
-        obs = recording.observations
-        if "backend_methods" in obs:
-            return cls(recording.release, frozenset(obs["backend_methods"]))
-        if "method" not in obs:
-            raise ContractError(
-                f"recording of vLLM {recording.release} names neither backend_methods nor the probe method; "
-                f"observations hold {sorted(obs)}"
-            )
-        return cls(recording.release, frozenset(m for m in LAYOUT_METHODS if m in obs["method"]))
+        """The release as its probe recorded it; ContractError when the recording holds no layout API."""
+        try:
+            vllm_api.api_of(recording)
+        except vllm_api.ApiError as e:
+            raise ContractError(str(e)) from None
+        return cls(recording.release, recording)
+
+    @property
+    def backend_methods(self) -> frozenset[str]:
+        """The layout members the release's FlashAttentionBackend has (as recorded)."""
+        return frozenset(vllm_api.api_of(self.recording).backend("FLASH_ATTN").members)
 
 
 @dataclass(frozen=True)
@@ -259,7 +253,8 @@ def split_mismatch(
 def _replaying(release: VllmRelease | None) -> str:
     if release is None:
         return "replay, no recorded release"
-    return f"REPLAY of vLLM {release.version}, FlashAttentionBackend methods {sorted(release.backend_methods)}"
+    methods = sorted(m for m in release.backend_methods if m.startswith("get_kv_cache"))
+    return f"REPLAY of vLLM {release.version}, FlashAttentionBackend stand-in with {methods or 'no get_kv_cache_*'}"
 
 
 def _recorded_release(contract: Contract) -> VllmRelease | None:
@@ -368,7 +363,7 @@ def _plugin_kv_views(plugin: types.ModuleType, kv_cache: torch.Tensor, kv_heads:
 
 @contextlib.contextmanager
 def _backend(mo: _Modelopt, contract: Contract, release: VllmRelease | None):
-    """In replay, the plugin's FlashAttentionBackend is the recorded release's stand-in for the duration."""
+    """In replay, the recorded release's stand-in vLLM for the duration, the plugin's names rebound to it."""
     if mo.live:
         yield
         return
@@ -379,45 +374,16 @@ def _backend(mo: _Modelopt, contract: Contract, release: VllmRelease | None):
         )
     # 0.46+ caches the detected layout per process (functools.cache); each replayed contract must ask afresh.
     clear = getattr(getattr(mo.plugin, "_flash_attention_kv_cache_layout", None), "cache_clear", lambda: None)
-    with mock.patch.object(mo.plugin, "FlashAttentionBackend", replay_backend(contract, release)):
+    try:
+        scope = vllm_api.replaying(release.recording, rebind=(mo.plugin,))
+    except vllm_api.ApiError as e:
+        raise ContractError(str(e)) from None
+    with scope:
         clear()
         try:
             yield
         finally:
             clear()
-
-
-def replay_backend(contract: Contract, release: VllmRelease) -> type:
-    """REPLAY stand-in for `release`'s vLLM FlashAttentionBackend: exactly the recorded layout methods, answering
-    from the recorded contract (logical axes for the shape, physical order for the stride order)."""
-
-    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
-        dims = Dims(num_blocks, block_size, num_kv_heads, head_size)
-        return tuple(dims.size(a) for a in contract.logical)
-
-    def get_kv_cache_stride_order(include_num_layers_dimension=False):
-        if not include_num_layers_dimension:
-            return tuple(contract.logical.index(a) for a in contract.physical if a != "L")
-        if not contract.shared:
-            raise ValueError(f"REPLAY: contract {contract.describe()} records no layer axis")
-        axes = ("L",) + contract.logical
-        return tuple(axes.index(a) for a in contract.physical)
-
-    methods = {"get_kv_cache_shape": get_kv_cache_shape, "get_kv_cache_stride_order": get_kv_cache_stride_order}
-    attrs = {name: staticmethod(methods[name]) for name in release.backend_methods}
-    attrs["__doc__"] = f"REPLAY stand-in for vLLM {release.version} FlashAttentionBackend, {contract.name}"
-    return type("FlashAttentionBackend", (), attrs)
-
-
-class _ReplayImpl:
-    """REPLAY stand-in for vLLM's FlashAttentionImpl, the plugin's base class; vLLM's native forward is absent."""
-
-    def forward(self, *args, **kwargs):
-        raise RuntimeError("REPLAY: the plugin fell back to vLLM's native FlashAttention forward, which replay lacks")
-
-
-class _ReplayMetadata:
-    """REPLAY stand-in for vLLM's FlashAttentionMetadata (the plugin only annotates with it)."""
 
 
 @functools.cache
@@ -446,7 +412,7 @@ def _load() -> _Modelopt:
         )
     live = importlib.util.find_spec("vllm") is not None
     try:
-        plugin = importlib.import_module(PLUGIN) if live else _import_against_replay(PLUGIN)
+        plugin = importlib.import_module(PLUGIN) if live else _import_replayed(PLUGIN)
     except ModuleNotFoundError as err:
         if err.name == PLUGIN:
             raise ModeloptUnavailable(f"nvidia-modelopt {version} has no vLLM plugin ({PLUGIN}; it first shipped "
@@ -456,19 +422,15 @@ def _load() -> _Modelopt:
     return _Modelopt(f"{version} (tree {spec})" if tree else version, plugin, kernel, live)
 
 
-def _import_against_replay(name: str) -> types.ModuleType:
-    # The plugin imports three names from vLLM at module level. They exist only while it imports, so nothing else
-    # in this process (a live probe asking `import vllm`, say) ever sees a stand-in vLLM.
-    stand_in = types.ModuleType(VLLM_FA, "REPLAY stand-in for vLLM's FlashAttention backend module")
-    stand_in.FlashAttentionBackend = type("FlashAttentionBackend", (), {"__doc__": "REPLAY placeholder"})
-    stand_in.FlashAttentionImpl = _ReplayImpl
-    stand_in.FlashAttentionMetadata = _ReplayMetadata
-    parts = VLLM_FA.split(".")
-    fakes = {".".join(parts[:i]): types.ModuleType(".".join(parts[:i])) for i in range(1, len(parts))}
-    fakes[VLLM_FA] = stand_in
-    sys.modules.update(fakes)
-    try:
+def _import_replayed(name: str) -> types.ModuleType:
+    # The plugin imports its vLLM names at module level: under the newest recorded release's stand-ins, which are
+    # gone again afterwards (a split rebinds the names to the release it replays).
+    for version in reversed(fixtures.releases()):
+        rec = fixtures.load(version)
+        if rec.api is not None:
+            break
+    else:
+        raise ModeloptUnavailable("no recording holds vLLM's layout API to import the plugin against; re-record "
+                                  "with `nox -s probe -- <release>`")
+    with vllm_api.replaying(rec):
         return importlib.import_module(name)
-    finally:
-        for key in fakes:  # only the stand-ins: the modelopt modules imported meanwhile stay imported
-            del sys.modules[key]

@@ -1,0 +1,175 @@
+"""The layout API a KV-cache consumer sees in the installed release: its surface (which names exist, with which
+signatures) and its answers at several argument sets, kept in the recording's `api` field for the replay stand-ins
+(harness.vllm_api) and compared by the live drift check.
+
+Surface, per backend class of harness.probe.backends.BACKENDS: every name of `vllm_api.surface.BACKEND_MEMBERS`
+the class has, with its kind (staticmethod, classmethod, property, value) and `inspect.signature` text; per
+module of `vllm_api.surface.MODULES`: its layout functions and the KVCacheLayout enum (members, values, every
+property's answer per member), and the public names it holds (what a consumer may import from it).
+
+Answers, per backend: `get_kv_cache_shape` at SHAPE_SIZES x every cache dtype string the release knows of (its
+`supported_kv_cache_dtypes`, kvconform's, and one no release accepts) x the block sizes of BLOCK_SIZES; the
+stride order under each VLLM_KV_CACHE_LAYOUT setting (NHD, HND, unset, a bad value) with and without the layers
+dimension; `supported_kv_cache_layouts()` on the CPU and per device class; every zero-argument flag. A refusal
+is an answer too (its exception type and text).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import inspect
+import os
+import types
+from collections.abc import Iterator
+from typing import Any
+
+from harness import probe as p
+from harness.contract import CACHE_DTYPES
+from harness.vllm_api import surface
+
+# (num_blocks, block_size, num_kv_heads, head_size): DIMS, other sizes, modelopt's plugin's sentinel, an
+# offloader's; head sizes off a multiple of 16 show how a packed width rounds.
+SHAPE_SIZES = ((3, 16, 4, 32), (7, 32, 2, 64), (3, 16, 1, 16), (1234, 16, 8, 128), (5, 48, 3, 24), (2, 16, 6, 40))
+BLOCK_SIZES = (1, 8, 24, 64, 272)  # at DIMS' other sizes: which block sizes a backend refuses
+BAD_DTYPE = "no_such_dtype"
+LAYOUT_SETTINGS = ("NHD", "HND", None, "XYZ")  # None: VLLM_KV_CACHE_LAYOUT unset
+HEAD_SIZE_V = 24  # the diff-KV backends' class state while they are asked (as harness.probe.backends.HEAD_DIM_V)
+
+
+def record(enum_era: bool) -> dict[str, Any]:
+    """The installed release's layout API surface and answers (the recording's `api` field)."""
+    from harness.probe import backends
+
+    out: dict[str, Any] = {"format": surface.FORMAT, "modules": {}, "backends": {}}
+    for name, wanted in surface.MODULES.items():
+        mod = p.module(name)
+        out["modules"][name] = None if mod is None else _module(mod, wanted)
+    for b in backends.BACKENDS:
+        try:
+            with _importing(b.path):
+                mod = p.module(b.path)
+        except p.ProbeError as e:
+            out["backends"][b.name] = {"present": True, "error": str(e)}
+            continue
+        cls = getattr(mod, b.cls, None) if mod is not None else None
+        if cls is None:
+            out["backends"][b.name] = {"present": False}
+            continue
+        try:
+            out["backends"][b.name] = {
+                "present": True, "module": b.path, "class": b.cls,
+                "members": {n: surface.describe(cls, n) for n in surface.BACKEND_MEMBERS if hasattr(cls, n)},
+                "module_names": sorted(n for n in vars(mod) if not n.startswith("_")),
+                "answers": _answers(b, cls, mod),
+            }
+        except Exception as e:  # noqa: BLE001 - kept, named: replay refuses this backend's stand-in with it
+            out["backends"][b.name] = {"present": True, "error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+@contextlib.contextmanager
+def _importing(path: str) -> Iterator[None]:
+    """A backend module imported as harness.probe.backends.read imports it: with a missing GPU library stubbed."""
+    from harness.probe import backends
+
+    try:
+        p.module(path)
+    except p.ProbeError as e:
+        missing = (getattr(e.__cause__, "name", None) or "").split(".")[0]
+        if missing not in backends.GPU_LIBRARIES:
+            raise
+        with backends.stubs(missing):
+            yield
+        return
+    yield
+
+
+def _module(mod: types.ModuleType, wanted: tuple[str, ...]) -> dict[str, Any]:
+    names = {}
+    for n in wanted:
+        if not hasattr(mod, n):
+            continue
+        obj = getattr(mod, n)
+        if isinstance(obj, type) and issubclass(obj, enum.Enum):
+            names[n] = surface.describe_enum(obj)
+        else:
+            names[n] = {"kind": "function", "signature": surface.signature(obj)}
+    answers = []
+    if "get_kv_cache_layout" in names:
+        for setting in LAYOUT_SETTINGS:
+            with _layout_env(setting):
+                answers.append(surface.answer("get_kv_cache_layout", (), {}, {"env": setting}, mod.get_kv_cache_layout))
+    return {"names": names, "public": sorted(n for n in vars(mod) if not n.startswith("_")), "answers": answers}
+
+
+def _answers(b, cls: type, mod: types.ModuleType) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    state = {"head_size_v": HEAD_SIZE_V} if "head_size_v" in vars(cls) or b.diff_kv else {}
+
+    def ask(method: str, args: tuple = (), kwargs: dict | None = None, **where: Any) -> None:
+        fn = getattr(cls, method)
+        out.append(surface.answer(method, args, kwargs or {}, where, lambda: fn(*args, **(kwargs or {}))))
+
+    with contextlib.ExitStack() as stack:
+        for k, v in state.items():
+            stack.enter_context(p.patched(cls, k, v))
+        if hasattr(cls, "get_kv_cache_shape"):
+            takes = "cache_dtype_str" in inspect.signature(cls.get_kv_cache_shape).parameters
+            for sizes in SHAPE_SIZES:
+                ask("get_kv_cache_shape", sizes, state=state)
+                for dtype in _dtype_strings(cls) if takes else ():
+                    ask("get_kv_cache_shape", sizes, {"cache_dtype_str": dtype}, state=state)
+            for bs in BLOCK_SIZES:
+                ask("get_kv_cache_shape", (3, bs, 4, 32), state=state)
+        if hasattr(cls, "get_kv_cache_stride_order"):
+            layers = "include_num_layers_dimension" in inspect.signature(cls.get_kv_cache_stride_order).parameters
+            for setting in LAYOUT_SETTINGS:
+                with _layout_env(setting):
+                    ask("get_kv_cache_stride_order", env=setting)
+                    if layers:
+                        for flag in (False, True):
+                            ask("get_kv_cache_stride_order", (), {"include_num_layers_dimension": flag}, env=setting)
+    if hasattr(cls, "supported_kv_cache_layouts"):
+        ask("supported_kv_cache_layouts", device=None)
+        for cap in surface.DEVICE_CLASSES:
+            with _device(mod, cap):
+                ask("supported_kv_cache_layouts", device=f"sm{cap[0]}{cap[1]}")
+    for n in surface.FLAGS:
+        if callable(getattr(cls, n, None)):
+            ask(n)
+    return out
+
+
+def _dtype_strings(cls: type) -> list[str]:
+    declared = list(getattr(cls, "supported_kv_cache_dtypes", None) or ())
+    return list(dict.fromkeys(["auto", "float16", "bfloat16", "fp8", *CACHE_DTYPES, *declared, BAD_DTYPE]))
+
+
+@contextlib.contextmanager
+def _layout_env(setting: str | None) -> Iterator[None]:
+    from harness.probe.era_stride import SWITCH, _caches
+
+    if setting is not None:
+        with p.env(SWITCH, setting, _caches()):
+            yield
+        return
+    old = os.environ.pop(SWITCH, None)
+    caches = _caches()
+    for f in caches:
+        f.cache_clear()
+    try:
+        yield
+    finally:
+        if old is not None:
+            os.environ[SWITCH] = old
+        for f in caches:
+            f.cache_clear()
+
+
+def _device(mod: types.ModuleType, cap: tuple[int, int]):
+    platform = p.module("vllm.platforms.interface")
+    stub = types.SimpleNamespace(get_device_capability=lambda *a, **k: platform.DeviceCapability(*cap),
+                                 is_device_capability=lambda c: c == cap[0] * 10 + cap[1],
+                                 is_device_capability_family=lambda c: c // 10 == cap[0])
+    return p.patched(mod, "current_platform", stub) if hasattr(mod, "current_platform") else contextlib.nullcontext()

@@ -1,0 +1,64 @@
+"""What a subject sees of a vLLM release's layout API: live, vLLM's own classes; in replay, stand-ins built from the
+release's recording (fixtures/contracts/<release>.json, field `api`).
+
+- `surface`: what the probe records (names, kinds, signatures, answers at several argument sets) and its typed view.
+- `standins`: per release, backend classes, layout functions and the KVCacheLayout enum with exactly the recorded
+  surface, answering from the recording's model (contracts for sizes, recorded answers over finite domains);
+  CannotAnswer where the model has no answer, the release's own exception type where it refused.
+- `modules`: `replaying(recording)` installs one release's stand-ins as importable `vllm...` modules for a scope.
+
+Axis letters are harness.contract's. `backend_class(release, backend)` is the class a KV-cache consumer would get
+for (release, backend): live vLLM's (when the installed release is `release`), else the stand-in. A recording made
+before the probe kept the API (no `api` field) loads as before, but has no stand-ins: ApiError names its file and
+the command that re-records it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from typing import Any
+
+from harness import fixtures
+from harness.fixtures import Recording
+from harness.vllm_api.modules import ReplayError, real_vllm, replaying
+from harness.vllm_api.standins import CannotAnswer, StandIns
+from harness.vllm_api.surface import Api, ApiError
+
+__all__ = ["Api", "ApiError", "CannotAnswer", "ReplayError", "StandIns", "api_of", "backend_class", "replaying",
+           "stand_ins"]
+
+
+def api_of(recording: Recording) -> Api:
+    """The recorded layout API of `recording`; ApiError when it has none (an old recording)."""
+    return Api.from_json(recording.release, recording.api, f"the recording of vLLM {recording.release} "
+                         f"({fixtures.path(recording.release)})")
+
+
+_cache: dict[tuple, StandIns] = {}
+
+
+def stand_ins(recording: Recording, device: str | None = None) -> StandIns:
+    """`recording`'s stand-ins (built once per recording and device class)."""
+    key = (recording.release, recording.contracts, id(recording.api), device)
+    if key not in _cache:
+        _cache[key] = StandIns(api_of(recording), recording.contracts, device)
+    return _cache[key]
+
+
+def backend_class(release: str | Recording, backend: str, device: str | None = None) -> Any:
+    """The backend class a connector gets for (release, backend) — kvconform's backend name, e.g. FLASH_ATTN: live
+    (the installed vLLM is `release`), vLLM's own class; otherwise the recorded release's stand-in."""
+    from harness.probe.backends import BACKENDS
+
+    name = release.release if isinstance(release, Recording) else release
+    if real_vllm():
+        installed = importlib.metadata.version("vllm")
+        if name not in (installed, "main"):
+            raise ApiError(f"vLLM {installed} is installed, not {name}: its classes cannot stand for {name}'s")
+        b = next((b for b in BACKENDS if b.name == backend), None)
+        if b is None:
+            raise ApiError(f"unknown backend {backend!r}; known: {', '.join(b.name for b in BACKENDS)}")
+        return getattr(importlib.import_module(b.path), b.cls)
+    rec = release if isinstance(release, Recording) else fixtures.load(name)
+    return stand_ins(rec, device).backend(backend)
