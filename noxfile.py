@@ -177,22 +177,62 @@ def probe(session: nox.Session) -> None:
         session.error(f"probe failed for: {', '.join(failures)}")
 
 
+@nox.session(venv_backend="none")
+def api(session: nox.Session) -> None:
+    """The recorded layout API against the releases named in posargs: per release, a venv holding it runs
+    tests/test_vllm_api_live.py (the stand-ins' surface and answers equal vLLM's own over drawn arguments), then is
+    removed. Posargs after `--` go to pytest."""
+    names, args = _split_posargs(session.posargs)
+    if not names:
+        session.error("name releases, e.g. `nox -s api -- 0.25.1 0.33.0` (matrix.toml lists them)")
+    base = Path(os.environ.get("KVCONFORM_VENVS", ROOT / ".nox" / "vllm"))
+    failures = []
+    for name in names:
+        r = matrix.get(name)
+        python = r.interpreter(FOUND)
+        if python is None:
+            failures.append(f"{name} (no python in {r.python})")
+            continue
+        venv = base / f"api-{name}"
+        extra = matrix.install_args(matrix.nightly_index()) if r.nightly else []
+        try:
+            _timed_install(session, r, python, venv, None, [*extra, "-e", f"{ROOT}[test]"])
+            session.log(f"vllm {name}: the stand-ins built from fixtures/contracts/{name}.json against the release")
+            session.run(str(venv / "bin" / "python"), "-m", "pytest", str(ROOT / "tests" / "test_vllm_api_live.py"),
+                        "-q", "-p", "no:cacheprovider", *args, external=True)
+        except nox.command.CommandFailed as e:
+            failures.append(f"{name} ({e.reason or 'failed'})")
+        finally:
+            _remove(session, venv)
+    if failures:
+        session.error(f"the recorded layout API differs from or could not be checked against: {', '.join(failures)}")
+
+
+def _split_posargs(posargs: list[str]) -> tuple[list[str], list[str]]:
+    """Release names, then what follows `--` (for pytest)."""
+    if "--" in posargs:
+        i = posargs.index("--")
+        return list(posargs[:i]), list(posargs[i + 1:])
+    return list(posargs), []
+
+
 def _remove(session: nox.Session, *paths: Path) -> None:
     # rm -rf: one release's venv + uv cache is ~9 GB of small files (~1.5 min here; shutil.rmtree took ~2.5 min).
     session.run("rm", "-rf", *map(str, paths), external=True, silent=True)
 
 
-def _timed_install(session: nox.Session, r: matrix.Release, python: matrix.Interpreter, venv: Path, cache: Path,
-                   extra: list[str]) -> float:
+def _timed_install(session: nox.Session, r: matrix.Release, python: matrix.Interpreter, venv: Path,
+                   cache: Path | None, extra: list[str]) -> float:
+    """Seconds to make a fresh venv holding the release; `cache` is the uv cache (None: uv's own)."""
     _remove(session, venv)
     start = time.perf_counter()
-    env = {"UV_CACHE_DIR": str(cache)}
+    env = {"UV_CACHE_DIR": str(cache)} if cache else {}
     session.run("uv", "venv", "-q", "--python", python.executable, str(venv), env=env, external=True)
     try:
         session.run("uv", "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *extra, *r.requirements,
                     env=env, external=True)
     except nox.command.CommandFailed:
-        _install_error(r.name, f"uv pip install {r.requirement} failed during probe")
+        _install_error(r.name, f"uv pip install {r.requirement} failed in nox -s {session.name}")
         raise nox.command.CommandFailed("install-error") from None
     return time.perf_counter() - start
 
