@@ -69,7 +69,7 @@ def main() -> None:
         rows = [("dense", bench(lambda: launch(case, q, k, v, None, tile, batch)))]
         for contract in families():
             dims = Dims(case.blocks_needed() + 64, case.block_size, case.kv_heads, case.head_dim)
-            k_cache, v_cache = subject.split(contract.allocate(dims, case.torch_dtype, "cuda"), contract)
+            k_cache, v_cache = contract.split(contract.allocate(dims, case.torch_dtype, "cuda"))
             pages = paging(case.kv_lens, case.block_size, dims.num_blocks, "shuffled").to("cuda")
             write(k_cache, v_cache, pages, k, v)
             out = subject.paged_forward(case, q, k_cache, v_cache, pages, tile)

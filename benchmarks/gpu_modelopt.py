@@ -33,7 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import checks, findings, fixtures  # noqa: E402
+from harness import checks, findings, fixtures, vllm_api  # noqa: E402
+from harness.layer import in_force, layer_for  # noqa: E402
 from harness.cache import paging, write  # noqa: E402
 from harness.cases import Case, Sparsity  # noqa: E402
 from harness.compare import Diagnosis, diagnose  # noqa: E402
@@ -71,6 +72,15 @@ def cases() -> dict[str, Case]:
         "chunked nm2:4": Case((512, 512), (4096, 3000), **h, sparsity=nm24),
         "mixed bf16 nm4:8": Case((1, 1, 77, 600), (5000, 17, 1500, 600), **h, dtype="bfloat16", sparsity=nm48),
     }
+
+
+def _split(subject: ModeloptSubject, kv: torch.Tensor, contract: Contract, dims: Dims, dtype: torch.dtype):
+    """The plugin's split of `kv`, handed the layer its release gives a cache of `contract`."""
+    rec = subject.release.recording
+    layer = layer_for(contract, dims, dtype, vllm_api.backend_class(rec, contract.origin.backend_name),
+                      rec.release, rec)
+    with in_force(layer):
+        return subject.split(kv, layer)
 
 
 def dims_for(contract: Contract, case: Case) -> Dims:
@@ -128,7 +138,7 @@ class Run:
         first = next(iter(self.cases.values()))
         kv = contract.allocate(dims_for(contract, first), first.torch_dtype, DEVICE)
         try:
-            views = subject.split(kv, contract)
+            views = _split(subject, kv, contract, dims_for(contract, first), first.torch_dtype)
         except ContractError as err:
             return [(checks.SPLIT_AGREES.name, "*", "contract-error", "", "plugin split", str(err))] + [
                 (check, case.sparsity.mode, "contract-error", case.digest(), repr(case), str(err))
@@ -151,7 +161,7 @@ class Run:
         kv = contract.allocate(dims, case.torch_dtype, DEVICE)
         pg = paging(case.kv_lens, case.block_size, dims.num_blocks, seed=case.seed)
         write(*contract.split(kv, dims), pg, k, v)  # where the release puts K and V
-        k_cache, v_cache = subject.split(kv, contract)  # what the plugin reads
+        k_cache, v_cache = _split(subject, kv, contract, dims, case.torch_dtype)  # what the plugin reads
         rows = []
         tile = subject.tile_config(case)
         try:

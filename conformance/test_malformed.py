@@ -1,13 +1,14 @@
-"""A malformed kv_cache given to the subject's split is refused with the documented ContractError, whose message
-names the tensor's full shape and the expected contract."""
+"""A malformed kv_cache given to the subject's split is refused: a ValueError (kvconform's ContractError is one)
+whose message names the tensor's full shape, and for kvconform's own ContractError the expected layout too."""
 
 from harness import checks
 from harness.contract import ContractError
+from harness.layer import in_force
 from harness.results import Word
 
 CHECK = checks.REJECTS_MALFORMED  # its declaration: what it needs, costs and draws
 # Each malformation (harness.strategies.MALFORMATIONS) breaks the contract in a way that is visible without knowing
-# the sizes (the Subject.split protocol gets the cache and the contract only).
+# the sizes (the layer value holds the sizes; a malformation must not look like another valid cache).
 
 
 def malform(kv_cache, contract, mutation):
@@ -43,16 +44,20 @@ def check(run, ex, mutation):
         mutation = "extra-axis"
     bad = malform(ex.contract.allocate(ex.dims, ex.case.torch_dtype, run.device), ex.contract, mutation)
     shape = str(tuple(bad.shape))
+    layer = run.layer(ex)
     try:
-        run.subject.split(bad, ex.contract)
-    except ContractError as e:
-        missing = [what for what, text in (("shape", shape), ("contract", ex.contract.name)) if text not in str(e)]
+        with in_force(layer):
+            run.subject.split(bad, layer)
+    except ValueError as e:
+        named = (("shape", shape), ("contract", ex.contract.name)) if isinstance(e, ContractError) else (
+            ("shape", shape),)
+        missing = [what for what, text in named if text not in str(e)]
         if missing:
-            return run.outcome(Word.ACCEPTED, f"{mutation}: ContractError does not name the {' or '.join(missing)} "
-                                           f"({shape}, {ex.contract.name}): {e}")
+            return run.outcome(Word.ACCEPTED, f"{mutation}: {type(e).__name__} does not name the "
+                                           f"{' or '.join(missing)} ({shape}, {ex.contract.name}): {e}")
         return run.outcome(Word.REJECTED)
     except Exception as e:
-        return run.outcome(Word.SUBJECT_ERROR, f"{mutation}: raised {type(e).__name__} instead of ContractError: {e}")
+        return run.outcome(Word.SUBJECT_ERROR, f"{mutation}: raised {type(e).__name__} instead of a ValueError: {e}")
     return run.outcome(Word.ACCEPTED, f"{mutation}: split accepted kv_cache shape {shape} strides {bad.stride()}")
 
 

@@ -10,7 +10,7 @@ CHECK = checks.SPLIT_AGREES  # its declaration: what it needs, costs and draws
 
 def check(run, ex, _):
     kv_cache = ex.contract.allocate(ex.dims, ex.case.torch_dtype, run.device)
-    got = run.call(run.subject.split, kv_cache, ex.contract)
+    got = run.call(run.subject.split, kv_cache, run.layer(ex))
     want = ex.contract.split(kv_cache, ex.dims)
     if not isinstance(got, tuple) or len(got) != 2:
         return run.outcome(Word.DIFFERS, f"split returned {type(got).__name__}, expected a (K, V) pair")

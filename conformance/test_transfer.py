@@ -34,7 +34,8 @@ def check(run, ex, seed):
     source = transfer.storage(p.kv_cache)
     before = source.clone()
 
-    payload = run.call(run.subject.extract, p.kv_cache, contract, source_ids)
+    layer = run.layer(ex)  # the target cache is another layer's of the same layout
+    payload = run.call(run.subject.extract, p.kv_cache, layer, source_ids)
     if not torch.equal(bits(source), bits(before)):
         changed = int((bits(source) != bits(before)).sum())
         return run.outcome(Word.DIFFERS, f"extract of blocks {src} changed {changed} elements of the source cache")
@@ -42,7 +43,7 @@ def check(run, ex, seed):
     poison(source)  # the source blocks are freed and reused: the payload must not alias them
 
     target = contract.allocate(dims, ex.case.torch_dtype, device)
-    run.call(run.subject.inject, target, contract, target_ids, payload)
+    run.call(run.subject.inject, target, layer, target_ids, payload)
 
     expected = contract.allocate(dims, ex.case.torch_dtype, device)
     ek, ev = contract.split(expected, dims)

@@ -153,12 +153,13 @@ def warm(subject: str, case_shards: list[list[Case]], contracts: list[Contract],
 def forwards(subject: object, case: Case, contract: Contract, dims: Dims, pages: Paging, q: torch.Tensor,
              k: torch.Tensor, v: torch.Tensor) -> None:
     """The launches of one example of the forward checks: the dense forward over token rows k, v as `contract`
-    stores them, and the paged forward over the subject's split of a kv_cache holding them (the oracle's dense
-    forward over model-dtype rows is the model-dtype contract's)."""
+    stores them, and the paged forward over the contract's K/V views of a kv_cache holding them (the subject's split
+    reaches a kernel only where it agrees with them, Runner.split; the oracle's dense forward over model-dtype rows
+    is the model-dtype contract's)."""
     k, v = contract.stored(k), contract.stored(v)
     tile = subject.tile_config(case)
     subject.dense_forward(case, q, k, v, tile)
-    keys, values = subject.split(filled(contract, dims, pages, k, v), contract)
+    keys, values = contract.split(filled(contract, dims, pages, k, v), dims)
     subject.paged_forward(case, q, keys, values, pages, tile)
 
 

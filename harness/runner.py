@@ -9,6 +9,7 @@ Anything the subject returns or raises is the subject's outcome; `harness-error`
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -24,18 +25,23 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import checks, compiles, devices, findings, fixtures, limits, results
+from harness import checks, compiles, devices, findings, fixtures, limits, results, vllm_api
 from harness.checks import Check
 from harness.cache import Paging, filled, read
 from harness.cases import SPARSITY_MODES
 from harness.compare import bits, diagnose
-from harness.contract import Contract, ContractError, cache_dtype
+from harness.contract import Contract, ContractError, Dims, cache_dtype
+from harness.fixtures import Recording
+from harness.layer import Layer, in_force, layer_for
 from harness.matrix import version_key
 from harness.results import Word
 from harness.strategies import CPU, GPU, Example, Sizes, cases, examples, warmup_shards
 from harness.subjects import DEFAULT_CAPABILITIES, FORWARD, capabilities_of, load_subject
 
 POISONED = "the device is unusable after this call"
+
+
+NOMINAL = Dims(num_blocks=8, block_size=16, kv_heads=2, head_dim=64)  # the sizes a layer is asked at per geometry
 
 
 def sizes_for(device: str) -> Sizes:
@@ -55,6 +61,7 @@ class ReleaseContracts:
     contracts: tuple[Contract, ...]
     error: str = ""  # the contract-error when they could not be read
     drift: tuple[str, ...] = ()
+    recording: Recording | None = field(default=None, compare=False, repr=False)  # replay: the stand-ins' source
 
     def describe(self) -> str:
         if self.error:
@@ -72,7 +79,8 @@ def load_release(release: str, contracts_dir: Path) -> ReleaseContracts:
     replayed from the recording."""
     if not vllm_installed():
         try:
-            return ReleaseContracts(release, "replay", fixtures.load(release, contracts_dir).contracts)
+            recording = fixtures.load(release, contracts_dir)
+            return ReleaseContracts(release, "replay", recording.contracts, recording=recording)
         except ContractError as e:
             return ReleaseContracts(release, "replay", (), str(e))
     from harness.probe import ProbeError, probe
@@ -157,10 +165,30 @@ class Session:
         depends on that alone (shapes, strides and offsets are runtime values; tests/test_compiles.py checks this
         against the launches of drawn examples)."""
         by_type: dict[object, Contract] = {}
-        for t in targets(self):
-            if supports_contract(self.subject, self.subject_name, t.contract) is None:
+        for t in targets(self, checks.BIT_IDENTITY):
+            if self.supports(t.release, t.contract) is None:
                 by_type.setdefault(t.contract.dtype.view, t.contract)
         return list(by_type.values())
+
+    def supports(self, r: ReleaseContracts, c: Contract, dims: Dims = NOMINAL, dtype: torch.dtype = torch.bfloat16
+                 ) -> str | None:
+        """Why the subject cannot read release `r`'s caches of `c` (its own word), None when it can."""
+        return supports_layer(self.subject, self.subject_name, layer_of(r, c, dims, dtype), self.capabilities)
+
+    def not_checked(self) -> list[str]:
+        """What of this session the subject is not checked on, by reason: its declared backends and what
+        supports_layer refuses, for the run's first lines."""
+        out = []
+        if self.backends and getattr(self.subject, "backends", None):
+            out.append(f"only the backends it names: {', '.join(self.backends)} (its `backends`)")
+        why: dict[str, list[str]] = {}
+        for t in targets(self):
+            reason = self.supports(t.release, t.contract)
+            if reason:
+                why.setdefault(reason, []).append(f"{t.release.release} {t.contract.name}")
+        out += [f"{len(where)} geometries ({', '.join(where[:3])}{', ...' if len(where) > 3 else ''}): {reason}"
+                for reason, where in why.items()]
+        return out
 
     def warm_behind(self, gpus: list[str], processes: int) -> bool:
         """Start the warm-up in a thread of this process and return at once (False when there is nothing to warm):
@@ -288,15 +316,26 @@ def start(subject_spec: str, asked: list[str], contracts_dir: Path, results_dir:
                    cache_dtypes=tuple(cache_dtype(n).name for n in cache_dtypes))
 
 
-def supports_contract(subject: object, name: str, contract: Contract) -> str | None:
-    """Why `subject` cannot read caches of `contract`, None when it can. Optional in a subject: a kernel that says
-    nothing is taken to read model-dtype K/V only, so a quantised cache is unsupported for it (never a pass, never a
-    finding) until it declares otherwise."""
-    by_contract = getattr(subject, "supports_contract", None)
-    if by_contract is not None:
-        return by_contract(contract)
-    if contract.cache_dtype != "auto":
-        return f"{name} declares no supports_contract: taken to read model-dtype K/V only, not a {contract.cache_dtype} cache"
+
+
+def layer_of(r: ReleaseContracts, contract: Contract, dims: Dims, dtype: torch.dtype) -> Layer:
+    """The layer value a subject gets for release `r`'s cache of `contract` at `dims`: the backend `contract` was
+    read from, vLLM's class live, the recorded stand-in in replay."""
+    backend = vllm_api.backend_class(r.recording or r.release, contract.origin.backend_name)
+    return layer_for(contract, dims, dtype, backend, r.release, r.recording)
+
+
+def supports_layer(subject: object, name: str, layer: Layer, capabilities: frozenset[str]) -> str | None:
+    """Why `subject` cannot read `layer`'s cache, None when it can. Optional in a subject: a consumer (no forward)
+    that says nothing meets every cache; a kernel that says nothing is taken to read model-dtype K/V only, so a
+    quantised cache is unsupported for it (never a pass, never a finding) until it declares otherwise."""
+    hook = getattr(subject, "supports_layer", None)
+    if hook is not None:
+        with in_force(layer):
+            return hook(layer)
+    if FORWARD in capabilities and layer.cache_dtype != "auto":
+        return (f"{name} declares no supports_layer: a kernel is taken to read model-dtype K/V only, not a "
+                f"{layer.cache_dtype} cache")
     return None
 
 
@@ -338,18 +377,19 @@ class Target:
         return None if self.label else self.contract
 
 
-def targets(session: Session) -> list[Target]:
+def targets(session: Session, check: Check | None = None) -> list[Target]:
     """Every (release, geometry) of the session's backends and cache dtypes, one per distinct geometry (backends
-    handing a layer the same geometry share it), K/V caches only (`outside`)."""
+    handing a layer the same geometry share it), K/V caches only (`outside`); diff-KV caches only for checks that
+    launch no kernel (`check` None: every geometry some check takes)."""
     return [Target(r, c) for r in session.releases
-            for c in dict.fromkeys(c for c in r.contracts if session.selects(c) and not _outside(c))]
+            for c in dict.fromkeys(c for c in r.contracts if session.selects(c) and not _outside(c, check))]
 
 
-def _outside(c: Contract) -> str:
+def _outside(c: Contract, check: Check | None = None) -> str:
     if c.latent:
         return "a latent (MLA) cache holds no K/V pair for a K/V subject to split"
-    if c.diff_kv:
-        return "K's head dim, where a diff-KV cache's C splits, is not carried by split(kv_cache, contract)"
+    if c.diff_kv and check is not None and check.kernels:
+        return "the forward checks' cases have one head dim for K and V, a diff-KV cache two"
     return ""
 
 
@@ -358,8 +398,11 @@ def record_outside(session: Session) -> int:
     n = 0
     for r in session.releases:
         why: dict[str, list[str]] = {}
-        for c in dict.fromkeys(c for c in r.contracts if session.selects(c) and _outside(c)):
-            why.setdefault(_outside(c), []).append(c.name)
+        kernels = FORWARD in session.capabilities
+        for c in dict.fromkeys(c for c in r.contracts if session.selects(c)):
+            reason = _outside(c) or (_outside(c, checks.BIT_IDENTITY) if kernels else "")
+            if reason:
+                why.setdefault(reason, []).append(c.name)
         if why:
             text = "; ".join(f"{len(names)} geometries ({', '.join(names)}): {reason}" for reason, names in why.items())
             session.write(r, "*", checks.KV_CHECKS.name, "*", Word.NOT_APPLICABLE, text)
@@ -521,11 +564,19 @@ class Runner:
         d = diagnose(actual, expected)
         return Outcome(Word.BIT_IDENTICAL) if d is None else Outcome(Word.DIFFERS, f"{what}: not bit-identical: {d}")
 
+    def layer(self, ex: Example) -> Layer:
+        """The layer value of the running example's cache: what its release hands a layer."""
+        target = self._running[0]
+        return layer_of(target.release, ex.contract, ex.dims, ex.case.torch_dtype)
+
     def call(self, fn, *args):
         """Call into the subject; its ContractError is a contract-error, anything else it raises a subject-error.
-        On CUDA the call is waited for, so that a fault of the subject's kernel is reported against this call."""
+        A call handed a layer runs with that layer's release in force (harness.layer.in_force). On CUDA the call
+        is waited for, so that a fault of the subject's kernel is reported against this call."""
+        layer = next((a for a in args if isinstance(a, Layer)), None)
         try:
-            out = fn(*args)
+            with in_force(layer) if layer is not None else contextlib.nullcontext():
+                out = fn(*args)
             if self.device.startswith("cuda"):
                 torch.cuda.synchronize(self.device)
             return out
@@ -540,7 +591,7 @@ class Runner:
     def split(self, p: Prepared, ex: Example) -> tuple[torch.Tensor, torch.Tensor]:
         """The subject's K and V views of the prepared cache, for a kernel check. NotRun when they do not read the
         tokens written where the contract says: kernels over them could only restate split-agrees' finding."""
-        got = self.call(self.subject.split, p.kv_cache, ex.contract)
+        got = self.call(self.subject.split, p.kv_cache, self.layer(ex))
         if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
             what = f"{len(got)} values" if isinstance(got, (tuple, list)) else type(got).__name__
             raise NotRun(f"the subject's split of kv_cache {tuple(p.kv_cache.shape)} returned {what}, not a (K, V) "
@@ -615,14 +666,20 @@ class Runner:
         self.s.say(f"kvconform {message}")
         os._exit(3)
 
-    def _one(self, target: Target, check: str, fn, ex: Example, extra, state: Settled, needs_subject: bool) -> None:
+    def running(self, target: Target, check: str, ex: Example, extra) -> Runner:
+        """This runner at one example of `target` (what `layer`, timeouts and repro lines speak of)."""
         self._running = (target, check, ex, extra)
+        return self
+
+    def _one(self, target: Target, check: str, fn, ex: Example, extra, state: Settled, needs_subject: bool) -> None:
+        self.running(target, check, ex, extra)
         start = time.perf_counter()
         try:
             supports = getattr(self.subject, "supports", None)  # optional outside kernels
             reason = self.call(supports, ex.case) if needs_subject and supports is not None else None
             if needs_subject and not reason:
-                reason = self._supports_contract(ex.contract)
+                reason = self.call(supports_layer, self.subject, self.s.subject_name, self.layer(ex),
+                                   self.s.capabilities)
             if reason:
                 state.unsupported.add(reason)
                 if state.failure is None:
@@ -652,9 +709,6 @@ class Runner:
             state.known[known.id] = known
         if state.failure is None:  # examples tried while shrinking a failure are not results
             self._record(target, check, ex, extra, outcome, known.id if known else "", time.perf_counter() - start)
-
-    def _supports_contract(self, contract: Contract) -> str | None:
-        return self.call(supports_contract, self.subject, self.s.subject_name, contract)
 
     def _end_process(self, target: Target, check: str, ex: Example, extra, outcome: Outcome) -> None:
         self._record(target, check, ex, extra, outcome)

@@ -240,7 +240,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     profile, name = settings.default, settings.get_current_profile_name()
     return [f"kvconform: subject {s.subject_name} on {s.device}, hypothesis profile {name} "
             f"(max_examples {config.getoption('kvconform_max_examples') or profile.max_examples}, "
-            f"deadline {profile.deadline})"] + [f"kvconform release {r.describe()}" for r in s.releases]
+            f"deadline {profile.deadline})"] + [f"kvconform release {r.describe()}" for r in s.releases] + [
+        f"kvconform {s.subject_name} is not checked on {line}" for line in s.not_checked()]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -320,7 +321,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                 metafunc.parametrize(name, [])
         return
     if "target" in metafunc.fixturenames:
-        targets = runner.targets(s)
+        targets = runner.targets(s, check)
         metafunc.parametrize("target", targets, ids=[f"{t.release.release}-{t.contract.name}" for t in targets])
     if "release_contracts" in metafunc.fixturenames:
         metafunc.parametrize("release_contracts", s.releases, ids=[r.release for r in s.releases])

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import recorded
 from harness.cache import paging, read, write
-from harness.contract import Contract, ContractError, Dims, cross_layer
-from harness.fixtures import Recording, save
+from harness.contract import Contract, ContractError, Dims, cache_dtype, cross_layer
+from harness.fixtures import save
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -140,10 +141,10 @@ class ContentAxisConsumer:
     name = "content-axis-consumer"
     capabilities = frozenset({"split"})
 
-    def split(self, kv_cache, contract):
+    def split(self, kv_cache, layer):
         t = kv_cache.transpose(1, 2)
-        if contract.dtype.view is not None:
-            t = t.view(contract.dtype.view)
+        if cache_dtype(layer.cache_dtype).view is not None:
+            t = t.view(cache_dtype(layer.cache_dtype).view)
         half = t.shape[-1] // 2
         return t[..., :half], t[..., half:]
 
@@ -154,11 +155,11 @@ class HeadSizeSplit(ContentAxisConsumer):
 
     name = "head-size-split"
 
-    def split(self, kv_cache, contract):
+    def split(self, kv_cache, layer):
         t = kv_cache.transpose(1, 2)
-        if contract.dtype.view is not None:
-            t = t.view(contract.dtype.view)
-        head = t.shape[-1] // 2 - (4 if contract.cache_dtype == "fp8_per_token_head" else 0)
+        if cache_dtype(layer.cache_dtype).view is not None:
+            t = t.view(cache_dtype(layer.cache_dtype).view)
+        head = t.shape[-1] // 2 - (4 if layer.cache_dtype == "fp8_per_token_head" else 0)
         return t[..., :head], t[..., head:]
 
 
@@ -178,9 +179,10 @@ def suites(root: Path, subject: str, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
+def layouts(tmp_path_factory):
     root = tmp_path_factory.mktemp("backends")
-    save(Recording("0.33.0", (PACKED, NVFP4, FP8, PTH, DIFF, LATENT)), root / "contracts")
+    diff = recorded.geometries("0.33.0", ["packed:B.H.N.C+diffkv"])  # FLASH_ATTN_DIFFKV's model-dtype cache
+    save(recorded.cut("0.33.0", (PACKED, NVFP4, FP8, PTH, *diff, LATENT)), root / "contracts")
     return root
 
 
@@ -189,8 +191,8 @@ def verdicts(out: str) -> dict[str, str]:
             for word, node in re.findall(r"^(PASSED|FAILED) (\S+)", out, re.M) if "regression" not in node}
 
 
-def test_flash_attention_split_fails_flashinfer_nvfp4_and_passes_its_model_dtype_contract(recorded):
-    done = suites(recorded, "ContentAxisConsumer", "--kvconform-backend=FLASHINFER")
+def test_flash_attention_split_fails_flashinfer_nvfp4_and_passes_its_model_dtype_contract(layouts):
+    done = suites(layouts, "ContentAxisConsumer", "--kvconform-backend=FLASHINFER")
     out = done.stdout
     assert done.returncode == 1, out[-3000:]
     assert verdicts(out) == {"0.33.0-packed:B.H.N.C": "PASSED", "0.33.0-head-split:B.S.N.D@nvfp4": "FAILED"}, out
@@ -202,8 +204,8 @@ def test_flash_attention_split_fails_flashinfer_nvfp4_and_passes_its_model_dtype
     assert s == 2 * h and f"shape ({b}, {n}, {s}, {w // 2}) (contract: ({b}, {n}, {h}, {w}))" in out
 
 
-def test_head_size_split_fails_the_padded_per_token_head_contract_only(recorded):
-    done = suites(recorded, "HeadSizeSplit", "--kvconform-backend=TRITON_ATTN")
+def test_head_size_split_fails_the_padded_per_token_head_contract_only(layouts):
+    done = suites(layouts, "HeadSizeSplit", "--kvconform-backend=TRITON_ATTN")
     out = done.stdout
     assert done.returncode == 1, out[-3000:]
     assert verdicts(out) == {"0.33.0-packed:B.N.H.C@fp8_e4m3": "PASSED",
@@ -211,13 +213,14 @@ def test_head_size_split_fails_the_padded_per_token_head_contract_only(recorded)
     assert len(re.findall(r"^E\s+REPRO split-agrees release=0.33.0 .*fp8_per_token_head", out, re.M)) == 1
 
 
-def test_diff_kv_and_latent_geometries_are_reported_not_applicable(recorded):
-    done = suites(recorded, "ContentAxisConsumer", "--kvconform-backend=FLASH_ATTN_DIFFKV",
+def test_diff_kv_geometries_are_split_checked_and_latent_ones_reported_not_applicable(layouts):
+    done = suites(layouts, "ContentAxisConsumer", "--kvconform-backend=FLASH_ATTN_DIFFKV",
                   "--kvconform-backend=TRITON_MLA")
-    assert done.returncode == 5, done.stdout[-3000:]  # no items: nothing here is a K/V cache a split can check
-    lines = (recorded / "results" / "0.33.0" / "results.jsonl").read_text().splitlines()
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert verdicts(done.stdout) == {"0.33.0-packed:B.H.N.C+diffkv": "PASSED"}, done.stdout[-3000:]
+    lines = (layouts / "results" / "0.33.0" / "results.jsonl").read_text().splitlines()
     na = [x for x in lines if '"K/V checks"' in x]
-    assert len(na) == 1 and "not-applicable" in na[0] and "latent" in na[0] and "diff-KV" in na[0], lines
+    assert len(na) == 1 and "not-applicable" in na[0] and "latent" in na[0] and "diff-KV" not in na[0], lines
 
 
 def kernels(root: Path, subject: str, *args: str) -> subprocess.CompletedProcess:
@@ -225,8 +228,8 @@ def kernels(root: Path, subject: str, *args: str) -> subprocess.CompletedProcess
                    "conformance/test_bit_identity.py::test_bit_identity", *args, timeout=900)
 
 
-def test_builtin_reads_fp8_caches_bit_identically_and_says_why_it_skips_nvfp4(recorded):
-    done = kernels(recorded, "builtin", "--kvconform-backend=FLASHINFER", "--kvconform-backend=TRITON_ATTN")
+def test_builtin_reads_fp8_caches_bit_identically_and_says_why_it_skips_nvfp4(layouts):
+    done = kernels(layouts, "builtin", "--kvconform-backend=FLASHINFER", "--kvconform-backend=TRITON_ATTN")
     out = done.stdout
     assert done.returncode == 0, out[-3000:]
     assert verdicts(out) == {"0.33.0-packed:B.H.N.C": "PASSED", "0.33.0-packed:B.N.H.C@fp8_e4m3": "PASSED"}, out
@@ -235,8 +238,8 @@ def test_builtin_reads_fp8_caches_bit_identically_and_says_why_it_skips_nvfp4(re
     assert sorted(skipped) == ["fp8_per_token_head", "nvfp4"], out  # unsupported: a skip with its reason, no pass
 
 
-def test_a_planted_stride_bug_fails_on_the_fp8_cache(recorded):
-    done = kernels(recorded, "mutant:kv_stride_axis", "--kvconform-cache-dtype=fp8_e4m3")
+def test_a_planted_stride_bug_fails_on_the_fp8_cache(layouts):
+    done = kernels(layouts, "mutant:kv_stride_axis", "--kvconform-cache-dtype=fp8_e4m3")
     out = done.stdout
     assert done.returncode == 1, out[-3000:]
     assert verdicts(out) == {"0.33.0-packed:B.N.H.C@fp8_e4m3": "FAILED"}, out

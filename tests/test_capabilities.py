@@ -14,14 +14,15 @@ pytest_plugins = ["pytester"]
 
 CONSUMER = '''
 """A host project's KV-cache consumer (an RL framework reading the cache): a split, no attention, no supports."""
+from harness.layer import views
 
 
 class Correct:
     name = "consumer-correct"
     capabilities = frozenset({"split"})
 
-    def split(self, kv_cache, contract):
-        return contract.split(kv_cache)
+    def split(self, kv_cache, layer):
+        return views(kv_cache, layer)
 
 
 class Unbinds(Correct):
@@ -29,8 +30,8 @@ class Unbinds(Correct):
 
     name = "consumer-unbinds"
 
-    def split(self, kv_cache, contract):
-        contract.split(kv_cache)  # the same shape checks as Correct: a malformed cache is refused alike
+    def split(self, kv_cache, layer):
+        views(kv_cache, layer)  # the same shape checks as Correct: a malformed cache is refused alike
         k, v, *_ = kv_cache.unbind(0)
         return k, v
 '''

@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from harness import compiles, findings, fixtures, runner  # noqa: E402
+from harness import checks, compiles, findings, fixtures, runner  # noqa: E402
 from harness.cases import Case  # noqa: E402
 from harness.contract import families  # noqa: E402
 from harness.strategies import CPU, GPU, examples, warmup_shards  # noqa: E402
@@ -96,11 +96,11 @@ SIZES = {"gpu": GPU, "cpu": CPU}
 
 
 def test_the_warm_up_covers_every_cache_dtype_the_subject_reads(session):
-    read = {t.contract.cache_dtype for t in runner.targets(session)
-            if runner.supports_contract(SUBJECT, "builtin", t.contract) is None}
+    read = {t.contract.cache_dtype for t in runner.targets(session, checks.BIT_IDENTITY)
+            if session.supports(t.release, t.contract) is None}
     assert len(read) > 1 and {c.cache_dtype for c in session.warm_contracts()} <= read
     assert {c.dtype.view for c in session.warm_contracts()} == {
-        t.contract.dtype.view for t in runner.targets(session) if t.contract.cache_dtype in read}
+        t.contract.dtype.view for t in runner.targets(session, checks.BIT_IDENTITY) if t.contract.cache_dtype in read}
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
@@ -108,8 +108,8 @@ def test_the_warm_up_covers_every_cache_dtype_the_subject_reads(session):
 def test_the_warm_up_compiles_every_variant_drawn_examples_launch(session, launches, warmed, data, sizes):
     # Examples as the forward checks draw them, over every geometry of every recording the subject reads; what
     # their launches compile must be among what the warm-up's launches compiled.
-    contracts = [t.contract for t in runner.targets(session)
-                 if runner.supports_contract(SUBJECT, "builtin", t.contract) is None]
+    contracts = [t.contract for t in runner.targets(session, checks.BIT_IDENTITY)
+                 if session.supports(t.release, t.contract) is None]
     ex = data.draw(examples(contracts, SIZES[sizes]))
     if SUBJECT.supports(ex.case) is not None:
         return

@@ -13,19 +13,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import recorded
 from harness import devices
-from harness.contract import families
-from harness.fixtures import Recording, save
+from harness.fixtures import save
+from harness.layer import contract_of
 from harness.subjects.builtin import BuiltinSubject, batch_tensors, launch
 
 REPO = Path(__file__).resolve().parent.parent
-FAULTY = families()[1].name  # one geometry of the recording below; the others must report as usual
+GEOMETRIES = recorded.geometries("0.22.1", count=3)
+FAULTY = GEOMETRIES[1].name  # one geometry of the recording below; the others must report as usual
 
 
 class _OnOneGeometry(BuiltinSubject):
-    def split(self, kv_cache, contract):
-        self.contract = contract
-        return super().split(kv_cache, contract)
+    def split(self, kv_cache, layer):
+        self.contract = contract_of(layer)
+        return super().split(kv_cache, layer)
 
 
 class FaultsOnOneGeometry(_OnOneGeometry):
@@ -55,9 +57,8 @@ class ReadsPastCache(_OnOneGeometry):
 
 
 def test_a_poisoned_device_is_one_subject_error_and_the_run_goes_on(tmp_path):
-    geometries = families()[:3]
-    assert FAULTY in {c.name for c in geometries}
-    save(Recording("0.20.0", tuple(geometries)), tmp_path / "contracts")
+    geometries = GEOMETRIES
+    save(recorded.cut("0.22.1", geometries, "0.20.0"), tmp_path / "contracts")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--hypothesis-profile=kvconform-ci",
            "conformance/test_bit_identity.py", "--kvconform-release=0.20.0", "--kvconform-max-examples=2", "-n", "2",

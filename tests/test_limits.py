@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+import recorded
 from harness import results
-from harness.contract import families
-from harness.fixtures import Recording, save
+from harness.fixtures import save
 from harness.subjects.builtin import BuiltinSubject
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ class HangsBeyondReach(BuiltinSubject):
 
 
 def _run(tmp_path, subject: str, timeout: float) -> subprocess.CompletedProcess:
-    save(Recording("0.20.0", (families()[0],)), tmp_path / "contracts")
+    save(recorded.cut("0.22.1", recorded.geometries("0.22.1", count=1), "0.20.0"), tmp_path / "contracts")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--hypothesis-profile=kvconform-ci",
            NODE, "--kvconform-release=0.20.0", "--kvconform-max-examples=2", f"--kvconform-timeout={timeout:g}",
@@ -52,7 +52,7 @@ def test_a_hanging_subject_ends_its_item_as_a_timeout(tmp_path):
     done = _run(tmp_path, "Hangs", 3)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-3000:]
-    item = f"{NODE}[0.20.0-{families()[0].name}]"
+    item = f"{NODE}[0.20.0-{recorded.geometries('0.22.1', count=1)[0].name}]"
     assert f"timeout: {item} ran past its limit of 3 s" in out and f"FAILED {item}" in out, out[-3000:]
     rows = results.read(tmp_path / "results")
     assert [r.outcome for r in rows] == ["timeout"], rows

@@ -28,7 +28,8 @@ from harness import fixtures, reference  # noqa: E402
 from harness.cache import paging, write  # noqa: E402
 from harness.cases import Case, Sparsity  # noqa: E402
 from harness.compare import assert_bit_identical, diagnose  # noqa: E402
-from harness.contract import Contract, ContractError, Dims, cross_layer, families  # noqa: E402
+from harness.contract import Contract, ContractError, Dims, families  # noqa: E402
+from harness.layer import in_force, layer_for  # noqa: E402
 from harness.fixtures import Recording  # noqa: E402
 from harness.subjects import SparsitySemantics, TileConfig, semantics_of  # noqa: E402
 from harness.subjects.modelopt import (  # noqa: E402
@@ -68,7 +69,33 @@ def _release_for(contract: Contract) -> VllmRelease:
         if any(c.logical == contract.logical for c in rec.contracts if c.origin.backend_name == "FLASH_ATTN"):
             return VllmRelease.from_recording(rec)
     pytest.skip(f"no recording with the layout API has FLASH_ATTN's {contract.family} family (recorded: {_shape})")
-CONTRACTS = families() + [cross_layer(c, outer) for c in families() for outer in (True, False)]
+FAMILY = {"kv-first": "0.22.1", "blocks-first": "0.25.1", "packed": _shape[-1]}  # a shape-era release per family
+# Every geometry those releases hand FlashAttention (the plugin's backend): both stride orders, cross-layer too.
+CONTRACTS = [c for r in FAMILY.values() for c in dict.fromkeys(
+    c for c in fixtures.load(r).contracts if c.origin.backend_name == "FLASH_ATTN" and c.cache_dtype == "auto")]
+ENUM_CONTRACTS = [c for c in dict.fromkeys(ENUM_ERA.recording.contracts)
+                  if c.origin.backend_name == "FLASH_ATTN" and c.cache_dtype == "auto"]
+
+
+def _family(name: str) -> Contract:
+    return next(c for c in CONTRACTS if c.family == name and not c.shared)
+
+
+def _layer(contract: Contract, dims: Dims, release: VllmRelease | None = None):
+    """The layer `release` (default: the one of `contract`'s family) hands FlashAttention for a cache of
+    `contract`, under the setting the recording read that geometry under."""
+    release = release or _release_for(contract)
+    recorded = next((c for c in release.recording.contracts if c == contract), contract)
+    return layer_for(recorded, dims, torch.float16, backend_class(release.recording, "FLASH_ATTN"), release.version,
+                     release.recording)
+
+
+def _split(subject: ModeloptSubject, kv: torch.Tensor, contract: Contract, dims: Dims,
+           release: VllmRelease | None = None):
+    """The plugin's split as the runner calls it: handed the layer, with its release in force."""
+    layer = _layer(contract, dims, release or subject.release)
+    with in_force(layer):
+        return subject.split(kv, layer)
 
 
 def _dims(contract: Contract, num_blocks: int) -> Dims:
@@ -87,42 +114,44 @@ def _filled(contract: Contract, dims: Dims) -> torch.Tensor:
 def test_plugin_split_agrees_with_the_contract(contract: Contract, num_blocks: int) -> None:
     dims = _dims(contract, num_blocks)
     kv = _filled(contract, dims)
-    got = ModeloptSubject(_release_for(contract)).split(kv, contract)
+    got = _split(ModeloptSubject(_release_for(contract)), kv, contract, dims)
     want = contract.split(kv, dims)
     assert split_mismatch(got, want) is None
     for g, w in zip(got, want):
         assert torch.equal(g, w)
 
 
-@pytest.mark.parametrize("contract", CONTRACTS, ids=lambda c: c.name)
+@pytest.mark.parametrize("contract", ENUM_CONTRACTS, ids=lambda c: c.name)
 def test_release_without_get_kv_cache_shape_is_a_contract_error(contract: Contract) -> None:
-    kv = contract.allocate(_dims(contract, 3), torch.float16)
+    dims = _dims(contract, 3)
+    kv = contract.allocate(dims, torch.float16)
     with pytest.raises(ContractError) as err:
-        ModeloptSubject(ENUM_ERA).split(kv, contract)
+        _split(ModeloptSubject(ENUM_ERA), kv, contract, dims)
     text = str(err.value)
-    # The plugin's own exception, the release replayed, the full shape and the contract.
+    # The plugin's own exception, the release replayed, the full shape and the layer.
     assert "AttributeError: type object 'FlashAttentionBackend' has no attribute 'get_kv_cache_shape'" in text
-    assert f"REPLAY of vLLM {ENUM_ERA.version}" in text and str(tuple(kv.shape)) in text and contract.describe() in text
+    assert f"REPLAY of vLLM {ENUM_ERA.version}" in text and str(tuple(kv.shape)) in text
+    assert _layer(contract, dims, ENUM_ERA).describe() in text
 
 
 def test_the_plugin_rejects_a_layout_it_does_not_know() -> None:
     # A release whose shape method answers none of the three families the plugin knows: its RuntimeError, kept.
-    contract = families()[0]
+    contract = _family("kv-first")
     kv = contract.allocate(_dims(contract, 3), torch.float16)
     # A class that is no stand-in is left in place by the replay's rebinding.
     import modelopt.torch.sparsity.attention_sparsity.plugins.vllm as plugin
 
     odd = type("FlashAttentionBackend", (), {"get_kv_cache_shape": staticmethod(lambda *a, **k: (3, 16, 2, 1, 16))})
-    subject = ModeloptSubject(SHAPE_ERA)
+    subject = ModeloptSubject(_release_for(contract))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plugin, "FlashAttentionBackend", odd)
         with pytest.raises(ContractError, match=r"RuntimeError: Unsupported vLLM FlashAttention KV cache shape "
                                                 r"\(3, 16, 2, 1, 16\)"):
-            subject.split(kv, contract)
+            _split(subject, kv, contract, _dims(contract, 3))
 
 
 @pytest.mark.parametrize("release", _with_api)
-def test_an_unbound_subject_replays_the_release_a_recorded_contract_names(release: str) -> None:
+def test_an_unbound_subject_replays_the_layers_release(release: str) -> None:
     rec = fixtures.load(release)
     expected = VllmRelease.from_recording(rec)
     served = [c for c in rec.contracts if c.origin.backend_name in ModeloptSubject.backends and c.cache_dtype == "auto"]
@@ -131,23 +160,23 @@ def test_an_unbound_subject_replays_the_release_a_recorded_contract_names(releas
         dims = _dims(contract, 3)
         kv = contract.allocate(dims, torch.float16)
         if "get_kv_cache_shape" not in expected.backend_methods:
-            named = contract.origin.release  # main.json is a copy of the newest release and names it
-            with pytest.raises(ContractError, match=f"REPLAY of vLLM {named}.*no attribute 'get_kv_cache_shape'"):
-                ModeloptSubject().split(kv, contract)
+            with pytest.raises(ContractError, match=f"REPLAY of vLLM {release}.*no attribute 'get_kv_cache_shape'"):
+                _split(ModeloptSubject(), kv, contract, dims, expected)
         else:
-            assert split_mismatch(ModeloptSubject().split(kv, contract), contract.split(kv, dims)) is None
+            assert split_mismatch(_split(ModeloptSubject(), kv, contract, dims, expected),
+                                  contract.split(kv, dims)) is None
 
 
-def test_replay_needs_a_release_and_a_well_formed_cache() -> None:
-    contract = families()[2]
-    kv = contract.allocate(_dims(contract, 3), torch.float16)
-    with pytest.raises(ContractError, match="for_release"):
-        ModeloptSubject().split(kv, contract)
+def test_replay_needs_a_well_formed_cache() -> None:
+    contract = _family("blocks-first")
+    dims = _dims(contract, 3)
+    kv = contract.allocate(dims, torch.float16)
     with pytest.raises(ContractError, match=r"rank 4, expected 5.*shape \(3, 16, 2, 32\)"):
-        ModeloptSubject(SHAPE_ERA).split(kv[:, 0], contract)
+        _split(ModeloptSubject(_release_for(contract)), kv[:, 0], contract, dims)
 
 
-WRONG_FAMILY = [(c, wrong) for c in families() for wrong in ("kv-first", "blocks-first", "packed") if wrong != c.family]
+WRONG_FAMILY = [(c, wrong) for c in CONTRACTS if not c.shared for wrong in ("kv-first", "blocks-first", "packed")
+                if wrong != c.family]
 
 
 @pytest.mark.parametrize(("contract", "wrong"), WRONG_FAMILY, ids=lambda x: getattr(x, "name", x))
@@ -161,9 +190,9 @@ def test_a_broken_plugin_split_is_caught(contract: Contract, wrong: str) -> None
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plugin, "_flash_attention_kv_cache_layout", lambda: wrong)
         try:
-            got = ModeloptSubject(_release_for(contract)).split(kv, contract)
+            got = _split(ModeloptSubject(_release_for(contract)), kv, contract, dims)
         except ContractError as err:
-            assert contract.describe() in str(err)  # refused, and said so: a contract-error
+            assert str(tuple(kv.shape)) in str(err)  # refused, and said so: a contract-error
             return
     assert split_mismatch(got, contract.split(kv, dims)) is not None
 
@@ -172,33 +201,33 @@ def test_a_wrong_unbind_can_be_silent() -> None:
     # kv-first read as blocks-first at num_blocks == 2: no exception, two [2, N, H, D] views, wrong memory.
     import modelopt.torch.sparsity.attention_sparsity.plugins.vllm as plugin
 
-    contract = families()[0]
+    contract = _family("kv-first")
     dims = _dims(contract, 2)
     kv = _filled(contract, dims)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plugin, "_flash_attention_kv_cache_layout", lambda: "blocks-first")
-        got = ModeloptSubject(_release_for(contract)).split(kv, contract)
+        got = _split(ModeloptSubject(_release_for(contract)), kv, contract, dims)
     want = contract.split(kv, dims)
     assert [g.shape for g in got] == [w.shape for w in want]
     assert "V: plugin view" in split_mismatch(got, want) or "K: plugin view" in split_mismatch(got, want)
 
 
 def test_swapped_k_and_v_are_caught() -> None:
-    contract = families()[4]
+    contract = _family("packed")
     kv = _filled(contract, _dims(contract, 3))
-    k, v = ModeloptSubject(_release_for(contract)).split(kv, contract)
+    k, v = _split(ModeloptSubject(_release_for(contract)), kv, contract, _dims(contract, 3))
     assert split_mismatch((v, k), contract.split(kv)) is not None
 
 
 def test_the_stand_in_answers_the_release_not_the_contract() -> None:
     # A contract of another family than the replayed release's: the plugin asks the release and mis-splits (or
     # refuses); a stand-in answering from the contract under test would hide this.
-    release = _release_for(families()[0])
-    other = next(c for c in families() if c.logical != next(
-        c.logical for c in release.recording.contracts if c.origin.backend_name == "FLASH_ATTN"))
+    release = _release_for(_family("kv-first"))
+    other = _family("blocks-first")
     kv = _filled(other, _dims(other, 3))
     try:
-        got = ModeloptSubject(release).split(kv, other)
+        with in_force(_layer(other, _dims(other, 3), release)):  # the release's own layer, not the contract's
+            got = ModeloptSubject(release).split(kv, _layer(_family("kv-first"), _dims(other, 3), release))
     except ContractError:
         return
     assert split_mismatch(got, other.split(kv)) is not None
@@ -221,8 +250,9 @@ def test_the_plugin_asks_the_replayed_release_stand_in() -> None:
 
 
 def test_a_replayed_split_leaves_no_stand_in_behind() -> None:
-    contract = families()[2]
-    ModeloptSubject(_release_for(contract)).split(contract.allocate(_dims(contract, 3), torch.float16), contract)
+    contract = _family("blocks-first")
+    _split(ModeloptSubject(_release_for(contract)), contract.allocate(_dims(contract, 3), torch.float16), contract,
+           _dims(contract, 3))
     import modelopt.torch.sparsity.attention_sparsity.plugins.vllm as plugin
 
     assert not [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]
@@ -245,12 +275,13 @@ def _paged(case: Case, contract: Contract):
     kv = contract.allocate(dims, case.torch_dtype)
     pg = paging(case.kv_lens, case.block_size, dims.num_blocks, seed=case.seed)
     write(*contract.split(kv, dims), pg, k, v)
-    k_cache, v_cache = ModeloptSubject(_release_for(contract)).split(kv, contract)
+    k_cache, v_cache = _split(ModeloptSubject(_release_for(contract)), kv, contract, dims)
     return q, k, v, k_cache, v_cache, pg
 
 
 @pytest.mark.parametrize("sparsity", MODES, ids=lambda s: s.mode)
-@pytest.mark.parametrize("contract", [families()[1], families()[2], families()[5], cross_layer(families()[3], False)],
+@pytest.mark.parametrize("contract", [_family("kv-first"), _family("blocks-first"), _family("packed"),
+                                      next(c for c in CONTRACTS if c.family == "blocks-first" and c.shared)],
                          ids=lambda c: c.name)
 def test_paged_is_bit_identical_to_dense_with_a_pinned_tile(contract: Contract, sparsity: Sparsity) -> None:
     case = Case(**MIXED, sparsity=sparsity, dtype="bfloat16" if sparsity.mode == "nm" else "float16")
@@ -264,7 +295,7 @@ def test_paged_is_bit_identical_to_dense_with_a_pinned_tile(contract: Contract, 
 
 
 def test_a_wrong_split_makes_paged_differ_from_dense() -> None:
-    contract = families()[2]
+    contract = _family("blocks-first")
     case = Case(**MIXED)
     tile = SUBJECT.tile_config(case)
     q, k, v, k_cache, v_cache, pg = _paged(case, contract)
@@ -356,7 +387,7 @@ def test_a_version_other_than_the_installed_one_is_refused() -> None:
 
 
 def test_bad_input_is_refused_before_any_launch() -> None:
-    contract = families()[0]
+    contract = _family("kv-first")
     case = Case(**MIXED)
     tile = SUBJECT.tile_config(case)
     q, k, v, k_cache, v_cache, pg = _paged(case, contract)

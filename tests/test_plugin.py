@@ -13,6 +13,7 @@ HOST_SUBJECT = '''
 import torch
 
 from harness.cache import read
+from harness.layer import views
 from harness.subjects import TileConfig
 
 
@@ -22,8 +23,8 @@ class Correct:
     def supports(self, case):
         return None if case.sparsity.mode == "none" else "dense attention only"
 
-    def split(self, kv_cache, contract):
-        return contract.split(kv_cache)
+    def split(self, kv_cache, layer):
+        return views(kv_cache, layer)
 
     def tile_config(self, case):
         return TileConfig(16, 16)
@@ -53,8 +54,8 @@ class Unbinds(Correct):
 
     name = "host-unbinds"
 
-    def split(self, kv_cache, contract):
-        contract.split(kv_cache)  # the same shape checks as Correct: a malformed cache is refused alike
+    def split(self, kv_cache, layer):
+        views(kv_cache, layer)  # the same shape checks as Correct: a malformed cache is refused alike
         k, v, *_ = kv_cache.unbind(0)
         return k, v
 '''

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import recorded
 from harness.contract import families
-from harness.fixtures import Recording, save
+from harness.fixtures import save
+from harness.layer import contract_of
 from harness.subjects.builtin import BuiltinSubject
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,10 +29,10 @@ class WrongAxisForBlocksFirst(BuiltinSubject):
 
     name = "wrong-axis-blocks-first"
 
-    def split(self, kv_cache, contract):
-        if contract.family == "blocks-first":
+    def split(self, kv_cache, layer):
+        if contract_of(layer).family == "blocks-first":
             return kv_cache[0], kv_cache[1]
-        return super().split(kv_cache, contract)
+        return super().split(kv_cache, layer)
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +41,11 @@ def layout(tmp_path_factory):
     by_family = {}
     for c in families():
         by_family.setdefault(c.family, []).append(c)
-    # Two eras: one whose release uses blocks-first caches, one with kv-first ones.
-    save(Recording("0.9.0", tuple(by_family["blocks-first"])), root / "contracts")
-    save(Recording("0.30.0", tuple(by_family["kv-first"])), root / "contracts")
+    # Two eras: one whose release uses blocks-first caches, one with kv-first ones (each with the layout API of a
+    # recorded release of that family, under another release's name).
+    for name, family, real in (("0.9.0", "blocks-first", "0.25.1"), ("0.30.0", "kv-first", "0.22.1")):
+        names = [c.name for c in by_family[family]]
+        save(recorded.cut(real, recorded.geometries(real, names), name), root / "contracts")
     return root
 
 
@@ -125,9 +129,9 @@ class SwapsKVForPacked(BuiltinSubject):
 
     name = "swaps-kv-packed"
 
-    def split(self, kv_cache, contract):
-        k, v = super().split(kv_cache, contract)
-        return (v, k) if contract.family == "packed" else (k, v)
+    def split(self, kv_cache, layer):
+        k, v = super().split(kv_cache, layer)
+        return (v, k) if contract_of(layer).family == "packed" else (k, v)
 
 
 def test_kernel_checks_are_not_run_where_the_split_reads_the_wrong_tokens(tmp_path):
@@ -136,8 +140,10 @@ def test_kernel_checks_are_not_run_where_the_split_reads_the_wrong_tokens(tmp_pa
     by_family = {}
     for c in families():
         by_family.setdefault(c.family, []).append(c)
-    save(Recording("0.27.0", tuple(by_family["packed"])), tmp_path / "contracts")
-    save(Recording("0.20.0", tuple(by_family["kv-first"][:1])), tmp_path / "contracts")
+    save(recorded.cut("0.33.0", recorded.geometries("0.33.0", [c.name for c in by_family["packed"]]), "0.27.0"),
+         tmp_path / "contracts")
+    save(recorded.cut("0.22.1", recorded.geometries("0.22.1", [by_family["kv-first"][0].name]), "0.20.0"),
+         tmp_path / "contracts")
     done = conformance(tmp_path, "conformance/test_split.py", "conformance/test_bit_identity.py",
                        "conformance/test_determinism.py", "--kvconform-release=0.27.0", "--kvconform-release=0.20.0",
                        "--kvconform-max-examples=3", "-rA", "-vv", "--kvconform-subject=test_suites_fail:SwapsKVForPacked")
@@ -176,7 +182,7 @@ class UnvalidatedSplit(BuiltinSubject):
 
     name = "unvalidated-split"
 
-    def split(self, kv_cache, contract):
+    def split(self, kv_cache, layer):
         return kv_cache[0], kv_cache[1]
 
 

@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
 from hypothesis import settings  # noqa: E402
 
 from harness import profiles, runner, transfer  # noqa: E402
+from harness.layer import views  # noqa: E402
 from harness.results import Word  # noqa: E402
 from kvconform.suites import test_transfer as transfer_check  # noqa: E402
 
@@ -34,9 +35,9 @@ class SpillsOnAPage(offloader.Offloader):
 
     name = "spills"
 
-    def inject(self, kv_cache, contract, block_ids, payload):
-        super().inject(kv_cache, contract, block_ids, payload)
-        k, _ = contract.split(kv_cache)
+    def inject(self, kv_cache, layer, block_ids, payload):
+        super().inject(kv_cache, layer, block_ids, payload)
+        k, _ = views(kv_cache, layer)
         spare = [b for b in range(k.shape[0]) if b not in block_ids.tolist()]
         if spare:
             k[spare[-1]] = 0
@@ -47,19 +48,19 @@ class KeepsViews(offloader.Offloader):
 
     name = "keeps-views"
 
-    def extract(self, kv_cache, contract, block_ids):
-        k, v = self.split(kv_cache, contract)
+    def extract(self, kv_cache, layer, block_ids):
+        k, v = self.split(kv_cache, layer)
         return [(k, v), block_ids]
 
-    def inject(self, kv_cache, contract, block_ids, payload):
+    def inject(self, kv_cache, layer, block_ids, payload):
         (k, v), ids = payload
-        super().inject(kv_cache, contract, block_ids, torch.stack([k[ids], v[ids]]))
+        super().inject(kv_cache, layer, block_ids, torch.stack([k[ids], v[ids]]))
 
 
 class Raises(offloader.Offloader):
     name = "raises"
 
-    def inject(self, kv_cache, contract, block_ids, payload):
+    def inject(self, kv_cache, layer, block_ids, payload):
         raise RuntimeError("connector closed")
 
 
@@ -80,8 +81,8 @@ def session(tmp_path):
     settings.load_profile(before)
 
 
-def _check(s, ex, seed):
-    return transfer_check.check(runner.Runner(s, "pytest x"), ex, seed)
+def _check(s, t, ex, seed):
+    return transfer_check.check(runner.Runner(s, "pytest x").running(t, transfer_check.CHECK.name, ex, seed), ex, seed)
 
 
 def _grid(s):
@@ -92,7 +93,7 @@ def _grid(s):
             for ex, seed in transfer.explicit(t.contract, s.sizes):
                 if ex.case.blocks_needed() <= blocks:
                     out[(t.release.release, t.geometry, blocks, ex.case.kv_lens)] = _check(
-                        s, dataclasses.replace(ex, num_blocks=blocks), seed)
+                        s, t, dataclasses.replace(ex, num_blocks=blocks), seed)
     return out
 
 
@@ -120,7 +121,7 @@ def test_the_correct_offloader_moves_blocks_exactly_on_every_geometry(session):
 
 
 def test_shape_sniffing_is_wrong_exactly_on_blocks_first_with_two_blocks(session):
-    got = _grid(session("offloader:ShapeSniffingOffloader"))
+    got = _grid(session("offloader:ShapeSniffingReader"))
     wrong = {k for k, o in got.items() if o.word != Word.BIT_IDENTICAL}
     assert wrong == {k for k in got if k[1].startswith("blocks-first") and k[2] == 2}, wrong
     assert {got[k].word for k in wrong} == {Word.DIFFERS}
@@ -128,7 +129,7 @@ def test_shape_sniffing_is_wrong_exactly_on_blocks_first_with_two_blocks(session
 
 
 def test_the_runner_catches_shape_sniffing_with_a_repro_at_two_blocks_and_passes_the_rest(session):
-    s = session("offloader:ShapeSniffingOffloader")
+    s = session("offloader:ShapeSniffingReader")
     caught = {}
     for t in runner.targets(s):
         r = runner.Runner(s, "pytest conformance/test_transfer.py::test_transfer_regression", 1)
@@ -164,7 +165,7 @@ def test_what_the_subject_raises_is_a_subject_error(session):
     t = runner.targets(s)[0]
     ex, seed = transfer.explicit(t.contract, s.sizes)[0]
     with pytest.raises(runner.Verdict) as e:
-        _check(s, ex, seed)
+        _check(s, t, ex, seed)
     assert e.value.outcome.word is Word.SUBJECT_ERROR and "connector closed" in e.value.outcome.diagnosis
 
 
@@ -179,7 +180,7 @@ def test_the_plugin_catches_the_shape_sniffing_offloader_only_on_blocks_first(py
     pytester.makepyfile(offloader=(EXAMPLES / "offloader.py").read_text())
     done = pytester.runpytest_subprocess(
         "--pyargs", "kvconform.suites", "-p", "no:cacheprovider", "-q", "-rA",
-        "--kvconform-subject=offloader:ShapeSniffingOffloader", *[f"--kvconform-release={r}" for r in FAMILIES],
+        "--kvconform-subject=offloader:ShapeSniffingReader", *[f"--kvconform-release={r}" for r in FAMILIES],
         "--kvconform-backend=FLASH_ATTN", "--kvconform-cache-dtype=auto",
         "--hypothesis-profile=kvconform-ci", "--kvconform-max-examples=1", "-k", "transfer or bit_identity")
     out = done.stdout.str()

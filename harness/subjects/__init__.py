@@ -1,5 +1,13 @@
 """Subjects: the implementations under test. The harness never fixes a subject's bug for it; it reports.
 
+A subject meets a release's caches as it would inside vLLM: each call hands it a layer's kv_cache and the layer
+(harness.layer.Layer: the release, its attention backend class — vLLM's own live, the recorded stand-in in replay —
+the kv_cache_dtype string, block size, KV heads, head sizes, the layout setting in force, and for cross-layer
+allocations the layer count and index), never kvconform's contract: it decides the layout by asking the backend as
+it would in vLLM (`layer.backend.get_kv_cache_shape(...)`, `get_kv_cache_stride_order(...)`, the KVCacheLayout
+named by `layer.kv_cache_layout`; `import vllm...` works in replay too while it is called), and the checks judge
+what it took against the contract the release was probed to hand out.
+
 A subject brings its own K/V split of a release's kv_cache, a paged forward over canonical K/V views
 [B, N, H, D] (any strides, innermost stride 1) and a dense forward over contiguous token rows [total_kv, H, D].
 Both forwards take q [total_q, num_heads, D] and return the output in the same shape; sequence boundaries come
@@ -16,12 +24,13 @@ Not every subject is a kernel. A subject declares what it can do in `capabilitie
 A subject without the attribute is a kernel: split + forward. Each check declares what it needs (`NEEDS` in its
 module) and is generated only for subjects that have all of it; `supports` is optional outside kernels.
 
-K/V views come in the cache's view type (`contract.dtype.view`: fp8 for fp8 caches, bytes for NVFP4) and width
-(`Contract.size`: the head dim plus an inline scale for per-token-head caches). A kernel that cannot read some cache
-dtypes or families says so in the optional `supports_contract(contract)` (a reason, or None): those examples are
-`unsupported`, never passes. A kernel without it is taken to read model-dtype caches only. A subject that only ever
-meets some backends' caches (a plugin of one backend) names them in an optional `backends` tuple; the other
-backends' geometries are then not its targets.
+K/V views come in the cache's view type (fp8 for fp8 caches, bytes for NVFP4) and width (the head size plus an
+inline scale for per-token-head caches). A subject that cannot read some caches says so in the optional
+`supports_layer(layer)` (a reason, or None): those examples are `unsupported`, never passes, and the run's first
+lines say what the subject is not checked on. A consumer (no `forward`) without it meets every cache; a kernel
+without it is taken to read model-dtype caches only. A subject that only ever meets some backends' caches (a plugin
+of one backend) names them in an optional `backends` tuple; the other backends' geometries are then not its
+targets.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ import torch
 
 from harness.cache import Paging
 from harness.cases import Case
-from harness.contract import Contract
+from harness.layer import Layer
 
 
 @dataclass(frozen=True)
@@ -93,8 +102,11 @@ class Subject(Protocol):
     def supports(self, case: Case) -> str | None:
         """None when the subject can run `case`, else the reason it cannot."""
 
-    def split(self, kv_cache: torch.Tensor, contract: Contract) -> tuple[torch.Tensor, torch.Tensor]:
-        """The subject's own K and V views [B, N, H, D] of a layer's kv_cache laid out per `contract`."""
+    def supports_layer(self, layer: Layer) -> str | None:
+        """(optional) None when the subject reads caches of `layer`, else the reason it cannot."""
+
+    def split(self, kv_cache: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
+        """The subject's own K and V views [B, N, H, D] of `layer`'s kv_cache."""
 
     def tile_config(self, case: Case) -> TileConfig:
         """The tile config pinned for both calls of the bit-identity lane."""
@@ -110,14 +122,14 @@ class Subject(Protocol):
     ) -> torch.Tensor:
         """The same attention over contiguous K/V token rows."""
 
-    def extract(self, kv_cache: torch.Tensor, contract: Contract, block_ids: torch.Tensor) -> object:
-        """(transfer) The K and V of blocks `block_ids` (int64, on kv_cache's device) of a layer's kv_cache laid out
-        per `contract`, read through the subject's own views, as a payload of the subject's choosing. The payload
-        must own its data: the blocks are reused (overwritten) as soon as extract returns."""
+    def extract(self, kv_cache: torch.Tensor, layer: Layer, block_ids: torch.Tensor) -> object:
+        """(transfer) The K and V of blocks `block_ids` (int64, on kv_cache's device) of `layer`'s kv_cache, read
+        through the subject's own views, as a payload of the subject's choosing. The payload must own its data: the
+        blocks are reused (overwritten) as soon as extract returns."""
 
-    def inject(self, kv_cache: torch.Tensor, contract: Contract, block_ids: torch.Tensor, payload: object) -> None:
+    def inject(self, kv_cache: torch.Tensor, layer: Layer, block_ids: torch.Tensor, payload: object) -> None:
         """(transfer) Write `payload` (extract's, same length) into blocks `block_ids` of another layer's kv_cache of
-        the same contract, in place, touching nothing else."""
+        the same layout, in place, touching nothing else."""
 
 
 def check_paged_views(case: Case, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -145,7 +157,32 @@ def capabilities_of(subject: object) -> frozenset[str]:
     if missing:
         raise ValueError(f"subject {getattr(subject, 'name', type(subject).__name__)!r} declares "
                          f"{', '.join(sorted(caps))} but lacks methods: {'; '.join(missing)}")
+    _refuse_contract_protocol(subject)
     return caps
+
+
+NEW_SIGNATURES = {"split": "split(kv_cache, layer)", "extract": "extract(kv_cache, layer, block_ids)",
+                  "inject": "inject(kv_cache, layer, block_ids, payload)",
+                  "supports_contract": "supports_layer(layer)"}
+
+
+def _refuse_contract_protocol(subject: object) -> None:
+    """A subject written to take kvconform's contract (a `contract` parameter, `supports_contract`) gets one line
+    naming the layer protocol, rather than an AttributeError deep inside its first example."""
+    import inspect
+
+    name = getattr(subject, "name", type(subject).__name__)
+    for method, new in NEW_SIGNATURES.items():
+        fn = getattr(subject, method, None)
+        if fn is None:
+            continue
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            continue
+        if method == "supports_contract" or "contract" in params:
+            raise ValueError(f"subject {name!r}: {method}{inspect.signature(fn)} takes kvconform's contract; "
+                             f"subjects take the layer (harness.layer.Layer): {new}")
 
 
 def semantics_of(subject: Subject) -> SparsitySemantics:

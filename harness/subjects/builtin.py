@@ -19,7 +19,8 @@ import triton.language as tl
 
 from harness.cache import Paging
 from harness.cases import Case
-from harness.contract import Contract
+from harness.contract import cache_dtype
+from harness.layer import Layer, views
 from harness.subjects import SparsitySemantics, TileConfig, check_paged_views
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
@@ -220,14 +221,14 @@ class BuiltinSubject:
             return f"nm group size m={sp.m} not supported; supported: {NM_GROUPS}"
         return None
 
-    def supports_contract(self, contract: Contract) -> str | None:
-        if contract.cache_dtype not in ("auto", "fp8_e4m3", "fp8_e5m2"):
-            return (f"cache dtype {contract.cache_dtype} not supported (scales {contract.dtype.scale}); supported: "
-                    "the model dtype and per-tensor fp8, read as K/V values times a per-tensor scale of 1")
+    def supports_layer(self, layer: Layer) -> str | None:
+        if layer.cache_dtype not in ("auto", "fp8_e4m3", "fp8_e5m2"):
+            return (f"cache dtype {layer.cache_dtype} not supported (scales {cache_dtype(layer.cache_dtype).scale}); "
+                    "supported: the model dtype and per-tensor fp8, read as K/V values times a per-tensor scale of 1")
         return None
 
-    def split(self, kv_cache: torch.Tensor, contract: Contract) -> tuple[torch.Tensor, torch.Tensor]:
-        return contract.split(kv_cache)
+    def split(self, kv_cache: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
+        return views(kv_cache, layer)
 
     def tile_config(self, case: Case) -> TileConfig:
         group = case.num_heads // case.kv_heads

@@ -15,7 +15,7 @@ What runs is modelopt's code, unchanged (facts per release in docs/modelopt.md):
 - replay: without vLLM installed, the plugin module is imported, and each split runs, under the recorded release's
   stand-in vLLM modules (harness.vllm_api.replaying: `FlashAttentionBackend` with exactly the release's layout
   methods, signatures and answers, placeholders for `FlashAttentionImpl` and `FlashAttentionMetadata`); the
-  release is bound with `for_release` or named by the contract's origin. The plugin bound its names when it was
+  release is bound with `for_release` or is the layer's. The plugin bound its names when it was
   imported (under the newest recorded release): each split rebinds them to the replayed release's.
 
 Sparsity mapping (harness `Sparsity` -> `attention()` keywords) and the semantics the subject declares, read from
@@ -48,7 +48,8 @@ import torch
 
 from harness.cache import Paging
 from harness.cases import Case
-from harness.contract import Contract, ContractError
+from harness.contract import ContractError
+from harness.layer import Layer, contract_of
 from harness import fixtures, vllm_api
 from harness.fixtures import Recording
 from harness.subjects import SparsitySemantics, TileConfig, check_paged_views
@@ -99,7 +100,7 @@ class _Modelopt:
 
 class ModeloptSubject:
     """nvidia-modelopt's kernel and vLLM plugin (see the module docstring). In replay the split needs the recorded
-    release: bound here (`for_release`), or else read from the contract's origin ("vllm <version> ...")."""
+    release: bound here (`for_release`), or else the layer's."""
 
     name = "modelopt"
     backends = ("FLASH_ATTN",)  # its vLLM plugin replaces FLASH_ATTN's impl: no other backend hands it a cache
@@ -132,27 +133,25 @@ class ModeloptSubject:
             return f"nm group size m={sp.m} not supported; modelopt supports m in {NM_GROUPS}"
         return None
 
-    def supports_contract(self, contract: Contract) -> str | None:
-        if contract.cache_dtype != "auto":
-            return f"cache dtype {contract.cache_dtype} not supported: modelopt's kernel reads model-dtype K/V"
+    def supports_layer(self, layer: Layer) -> str | None:
+        if layer.cache_dtype != "auto":
+            return f"cache dtype {layer.cache_dtype} not supported: modelopt's kernel reads model-dtype K/V"
         return None
 
     def tile_config(self, case: Case) -> TileConfig:
         return PINNED
 
-    def split(self, kv_cache: torch.Tensor, contract: Contract) -> tuple[torch.Tensor, torch.Tensor]:
-        contract.validate(kv_cache)
+    def split(self, kv_cache: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
+        contract_of(layer).validate(kv_cache)  # the adapter's guard: the plugin itself checks nothing
         mo = _load()
-        size = dict(zip(contract.logical, kv_cache.shape))
-        head_size = size["C"] // 2 if contract.packed else size["D"]
-        release = self.release or (None if mo.live else _recorded_release(contract))
+        release = self.release or (None if mo.live else _recorded_release(layer))
         where = (
             f"modelopt {mo.version} vLLM plugin ({'live vLLM' if mo.live else _replaying(release)}) on kv_cache "
-            f"shape {tuple(kv_cache.shape)} strides {tuple(kv_cache.stride())}, contract {contract.describe()}"
+            f"shape {tuple(kv_cache.shape)} strides {tuple(kv_cache.stride())}, {layer.describe()}"
         )
-        with _lock, _backend(mo, contract, release):
+        with _lock, _backend(mo, layer, release):
             try:
-                got = _plugin_kv_views(mo.plugin, kv_cache, size["H"], head_size)
+                got = _plugin_kv_views(mo.plugin, kv_cache, layer.num_kv_heads, layer.head_size)
             except Exception as err:  # whatever the plugin raises is the finding; its text is kept verbatim
                 raise ContractError(f"{where}: {type(err).__name__}: {err}") from err
         if got is None:
@@ -257,9 +256,9 @@ def _replaying(release: VllmRelease | None) -> str:
     return f"REPLAY of vLLM {release.version}, FlashAttentionBackend stand-in with {methods or 'no get_kv_cache_*'}"
 
 
-def _recorded_release(contract: Contract) -> VllmRelease | None:
-    """The recorded release a replayed contract came from, as its origin names it."""
-    return _recording(contract.origin.release) if contract.origin.release else None
+def _recorded_release(layer: Layer) -> VllmRelease:
+    """The recorded release a replayed layer belongs to."""
+    return VllmRelease.from_recording(layer.recording) if layer.recording else _recording(layer.release)
 
 
 @functools.cache
@@ -362,7 +361,7 @@ def _plugin_kv_views(plugin: types.ModuleType, kv_cache: torch.Tensor, kv_heads:
 
 
 @contextlib.contextmanager
-def _backend(mo: _Modelopt, contract: Contract, release: VllmRelease | None):
+def _backend(mo: _Modelopt, layer: Layer, release: VllmRelease | None):
     """In replay, the recorded release's stand-in vLLM for the duration, the plugin's names rebound to it."""
     if mo.live:
         yield
@@ -370,9 +369,9 @@ def _backend(mo: _Modelopt, contract: Contract, release: VllmRelease | None):
     if release is None:
         raise ContractError(
             f"vLLM is not installed, so the modelopt plugin's split needs the recorded release to replay: bind it "
-            f"(ModeloptSubject.for_release) or pass a contract whose origin names it; contract {contract.describe()}"
+            f"(ModeloptSubject.for_release) or hand it a replayed layer; {layer.describe()}"
         )
-    # 0.46+ caches the detected layout per process (functools.cache); each replayed contract must ask afresh.
+    # 0.46+ caches the detected layout per process (functools.cache); each replayed layer must ask afresh.
     clear = getattr(getattr(mo.plugin, "_flash_attention_kv_cache_layout", None), "cache_clear", lambda: None)
     try:
         scope = vllm_api.replaying(release.recording, rebind=(mo.plugin,))

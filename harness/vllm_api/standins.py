@@ -251,6 +251,7 @@ class StandIns:
         self.api, self.release, self.device = api, api.release, device
         self.enums: dict[str, type[enum.Enum]] = {}
         self.classes: dict[str, type] = {}  # stand-in classes by name, for answers that are classes
+        self._backends: dict[str, type] = {}
         for mod, body in api.modules.items():
             for n, spec in ((body or {}).get("names") or {}).items():
                 if spec["kind"] == "enum":
@@ -269,7 +270,13 @@ class StandIns:
         return cls
 
     def backend(self, name: str) -> type:
-        """The stand-in of backend `name` (kvconform's name, e.g. FLASH_ATTN): exactly its recorded layout members."""
+        """The stand-in of backend `name` (kvconform's name, e.g. FLASH_ATTN): exactly its recorded layout members;
+        one class per backend, as a release has, whether it is imported or handed to a layer."""
+        if name not in self._backends:
+            self._backends[name] = self._backend(name)
+        return self._backends[name]
+
+    def _backend(self, name: str) -> type:
         b = self.api.backend(name)
         mine = [c for c in self.contracts if c.origin.backend_name == name]
         holder: dict[str, type] = {}  # the class itself: a diff-KV shape reads the class's head_size_v

@@ -1,0 +1,150 @@
+"""The layer value (harness.layer): what a release hands a layer, read through its recorded API. kvconform's own
+reading of it gives back every recorded contract; consumers written as real ones decide (examples/offloader.py) are
+right and wrong exactly where their rules say; a subject of the contract protocol is refused in one line."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import fixtures, runner
+from harness.contract import ContractError, Dims
+from harness.layer import contract_of, in_force, layer_for, setting_of
+from harness.subjects import capabilities_of
+from harness.vllm_api import backend_class
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import offloader  # noqa: E402
+
+RELEASES = {name: runner.load_release(name, fixtures.ROOT) for name in fixtures.releases()}
+# Every recorded K/V geometry, once per release, with the setting it was first read under.
+GEOMETRIES = [(r, c) for r in RELEASES.values() for c in dict.fromkeys(c for c in r.contracts if not c.latent)]
+
+
+def _dims(c, num_blocks: int = 5) -> Dims:
+    _, cross = setting_of(c)
+    return Dims(num_blocks, 16, 2, 64, 3 if cross else 1, 1 if cross else 0)
+
+
+def test_reading_the_layer_through_the_api_gives_every_recorded_contract():
+    assert len(GEOMETRIES) > 500
+    wrong = []
+    for r, c in GEOMETRIES:
+        got = contract_of(runner.layer_of(r, c, _dims(c), torch.bfloat16))
+        if (got.logical, got.physical, got.cache_dtype, got.diff_kv) != (c.logical, c.physical, c.cache_dtype,
+                                                                         c.diff_kv):
+            wrong.append(f"{r.release} {c.origin}: {got.name} != {c.name}")
+    assert not wrong, wrong[:10]
+
+
+def test_a_layer_under_another_setting_reads_another_layout():
+    # The check can fail: the same cache told the other stride-order setting is read in the other order.
+    r = RELEASES["0.25.1"]
+    c = next(c for c in r.contracts if str(c.origin).endswith("FLASH_ATTN HND"))
+    layer = runner.layer_of(r, c, _dims(c), torch.float16)
+    import dataclasses
+
+    assert contract_of(layer) == c
+    assert contract_of(dataclasses.replace(layer, kv_cache_layout="NHD")).physical != c.physical
+
+
+def test_in_force_serves_the_release_modules_and_its_setting():
+    r = RELEASES["0.25.1"]
+    c = next(c for c in r.contracts if str(c.origin).endswith("FLASH_ATTN HND"))
+    layer = runner.layer_of(r, c, _dims(c), torch.float16)
+    with in_force(layer):
+        from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+        assert FlashAttentionBackend is layer.backend
+        assert FlashAttentionBackend.get_kv_cache_stride_order() == (0, 1, 3, 2, 4)  # HND, as recorded
+    assert "vllm" not in sys.modules
+    with pytest.raises(ModuleNotFoundError):
+        import vllm  # noqa: F401
+
+
+def test_an_unknown_recorded_setting_is_refused_by_name():
+    c = RELEASES["0.25.1"].contracts[0]
+    import dataclasses
+
+    from harness.contract import Origin
+
+    odd = dataclasses.replace(c, origin=Origin("0.25.1", "FLASH_ATTN", "VLLM_KV_CACHE_LAYOUT=NHD sideways"))
+    with pytest.raises(ContractError, match="unknown word 'sideways'"):
+        layer_for(odd, _dims(c), torch.float16, backend_class(RELEASES["0.25.1"].recording, "FLASH_ATTN"), "0.25.1",
+                  RELEASES["0.25.1"].recording)
+
+
+def _wrong(subject, r, c, num_blocks: int) -> bool:
+    dims = _dims(c, num_blocks)
+    kv = c.allocate(dims, torch.bfloat16)
+    layer = runner.layer_of(r, c, dims, torch.bfloat16)
+    try:
+        with in_force(layer):
+            got = subject.split(kv, layer)
+    except Exception:  # noqa: BLE001 - a refusal of a valid cache is as wrong as a wrong view
+        return True
+    want = c.split(kv, dims)
+    return any((a.shape, a.stride(), a.storage_offset(), a.dtype) != (b.shape, b.stride(), b.storage_offset(), b.dtype)
+               for a, b in zip(got, want))
+
+
+# Each example's rule, stated before running it: where it must take the wrong views (or refuse a valid cache).
+RULES = {
+    # Names every axis by asking; without get_kv_cache_shape reads [B, H, N, C], wrong for NVFP4's [B, 2H, N, D].
+    offloader.Offloader: lambda r, c, n: c.cache_dtype == "nvfp4" and "get_kv_cache_shape" not in _members(r, c),
+    # Knows only the two 5-axis families.
+    offloader.BlocksFirstConnector: lambda r, c, n: len(c.logical) != 5,
+    # A first axis of 2 is kv-first: wrong on blocks-first with 2 blocks; 4 axes are [B, H, N, 2D]: wrong on
+    # NVFP4's [B, 2H, N, D] and on the diff-KV token-major [B, N, H, C].
+    offloader.ShapeSniffingReader: lambda r, c, n: (len(c.logical) == 4 and c.logical != ("B", "H", "N", "C"))
+    or (c.family == "blocks-first" and n == 2),
+}
+
+
+def _members(r, c) -> set[str]:
+    return set(dir(backend_class(r.recording, c.origin.backend_name)))
+
+
+@pytest.mark.parametrize("example", list(RULES), ids=lambda e: e.__name__)
+def test_each_example_consumer_is_wrong_exactly_where_its_rule_says(example):
+    subject, rule = example(), RULES[example]
+    got = {(r.release, c.name, n) for r, c in GEOMETRIES for n in (2, 5) if _wrong(subject, r, c, n)}
+    want = {(r.release, c.name, n) for r, c in GEOMETRIES for n in (2, 5) if rule(r, c, n)}
+    assert got == want, (sorted(got - want)[:8], sorted(want - got)[:8])
+    assert example is offloader.Offloader or got  # the rules of the wrong ones are not empty
+
+
+class OldProtocol:
+    name = "old"
+    capabilities = frozenset({"split"})
+
+    def split(self, kv_cache, contract):
+        return contract.split(kv_cache)
+
+
+class OldSupports(OldProtocol):
+    def split(self, kv_cache, layer):
+        return kv_cache[0], kv_cache[1]
+
+    def supports_contract(self, contract):
+        return None
+
+
+@pytest.mark.parametrize("subject, says", [(OldProtocol, "split(kv_cache, contract) takes kvconform's contract; "
+                                                          "subjects take the layer (harness.layer.Layer): "
+                                                          "split(kv_cache, layer)"),
+                                           (OldSupports, "supports_layer(layer)")])
+def test_a_subject_of_the_contract_protocol_gets_one_line_naming_the_layer_protocol(subject, says):
+    with pytest.raises(ValueError) as e:
+        capabilities_of(subject())
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_consumer_meets_every_cache_and_a_kernel_says_what_it_does_not_read():
+    r = RELEASES["0.33.0"]
+    c = next(c for c in r.contracts if c.cache_dtype == "nvfp4")
+    layer = runner.layer_of(r, c, _dims(c), torch.bfloat16)
+    assert runner.supports_layer(offloader.Offloader(), "o", layer, frozenset({"split", "transfer"})) is None
+    why = runner.supports_layer(object(), "k", layer, frozenset({"split", "forward"}))
+    assert why and "nvfp4" in why and "supports_layer" in why
