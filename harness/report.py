@@ -1,17 +1,19 @@
-"""Fold every session's results into a report whose first screen says what broke, and where.
+"""Fold every session's results into a report read like a conformance dashboard: what broke, what changed since the
+last report, and where.
 
-`python -m harness.report results [--out DIR]` reads results/<release>/results.jsonl and writes, into the results
-folder unless --out: report.md (the CI summary), report.html (the same report as one self-contained page, a colour
-per outcome) and report.json (every count). First a verdict, then the new findings grouped by kind with their REPRO
-lines, then a release x check matrix with one mark per cell (the cell's worst outcome) and how many results have it;
-every outcome word with its count comes after, under Details. Outcome words are never folded together, and an
-outcome a known finding predicted is marked `[known]` (see docs/report.md).
+`python -m harness.report results [--out DIR] [--since OLD/report.json]` reads results/<release>/results.jsonl and
+writes, into the results folder unless --out: report.md (the CI summary), report.html (the same report as one
+self-contained page with a drill-down per cell and filters, harness.page) and report.json (every count, and the
+keys a later report compares against). First a verdict, then what changed since OLD (harness.changes) when anything
+did, the new findings grouped by kind with their REPRO lines, the failures only one release, backend or cache dtype
+has (harness.specific), then per subject a release x check and a release x cache dtype matrix whose cells read
+passed/total (harness.cells); every outcome word with its count comes after, under Details. Outcome words are never
+folded together, and an outcome a known finding predicted is marked `[known]` (see docs/report.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import html
 import json
 import re
 import sys
@@ -20,86 +22,26 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import checks
-from harness.results import PASSING, STALE, Result, read
-
-# Worst first: what a reader must see before anything else in a cell.
-SEVERITY = ("harness-error", "install-error", "contract-error", "subject-error", "timeout", "differs", "accepted",
-            "unsupported", "not-run", "skipped", "not-applicable", STALE, "bit-identical", "within-tolerance",
-            "rejected")
+from harness import cells, changes, checks, specific
+from harness.cells import MARKS, Mark, says
+from harness.results import STALE, Result, read
 
 # Checks in their declared order (harness.checks): could a release be installed and read, the layout, the kernels.
 CHECK_ORDER = tuple(c.name for c in checks.CHECKS)
 
-LEGEND = ("A cell shows its worst outcome's mark and how many results have that mark (every word and count: "
-          "Details); · nothing recorded.")
+LEGEND = ("A cell reads passed/total result lines (every line in the cell, whatever its word), coloured by that "
+          "fraction and red with any new failure or error; the other words are counted beside it under their marks "
+          "(every word and count: Details); a cell where nothing passed reads as its worst mark; · nothing recorded.")
 FIRST_GROUPS = 6  # kinds of new finding on the first screen; the rest under Details
 REPROS_SHOWN = 2  # REPRO lines per kind; all of them are in report.json's new_findings
-
-
-@dataclass(frozen=True)
-class Mark:
-    """What a matrix cell shows for a class of outcome words: a glyph, and (HTML) a colour."""
-
-    glyph: str
-    name: str  # also its colour class in the HTML
-    meaning: str
-    red: bool = False
-
-
-ERROR = Mark("!", "error", "harness, install, contract or subject error, or an item past its time limit", red=True)
-FAIL = Mark("✗", "fails", "differs, drift, or a malformed cache accepted", red=True)
-KNOWN = Mark("◆", "known", "as a known finding predicted")
-UNSUPPORTED = Mark("⊘", "unsupported", "the subject says it cannot run the case")
-NOT_RUN = Mark("–", "not-run", "the split reads other elements")
-SKIPPED = Mark("○", "skipped", "could not run here")
-NOT_APPLICABLE = Mark("∅", "not-applicable", "the subject does not declare what the check needs")
-STALE_MARK = Mark("◌", "stale", "a known finding did not happen")
-PASS = Mark("✓", "pass", "bit-identical, no drift, agrees, within tolerance, rejected as documented")
-MARKS = (ERROR, FAIL, KNOWN, UNSUPPORTED, NOT_RUN, SKIPPED, NOT_APPLICABLE, STALE_MARK, PASS)
-_MARK_OF = {**dict.fromkeys(SEVERITY[:5], ERROR), "differs": FAIL, "accepted": FAIL, "unsupported": UNSUPPORTED,
-            "not-run": NOT_RUN, "skipped": SKIPPED, "not-applicable": NOT_APPLICABLE, STALE: STALE_MARK,
-            **dict.fromkeys(PASSING, PASS)}
+ROW_REPROS = 3  # REPRO lines a drill-down row keeps (distinct, of its new and known findings)
+SHOWN = 20  # entries per list of changes or specific failures on the page; all of them are in report.json
 
 
 def _release_key(release: str):
     from harness.matrix import version_key
 
     return version_key(release)
-
-
-def _word(r: Result) -> str:
-    return f"{r.outcome.value} [known]" if r.known and r.outcome != STALE else r.outcome.value
-
-
-def _rank(word: str) -> tuple[int, str]:
-    base = word.removesuffix(" [known]")
-    # A known finding is green: rank it just ahead of the passes, behind every new finding and error.
-    return (SEVERITY.index("unsupported") if word.endswith("[known]") else SEVERITY.index(base), word)
-
-
-def mark(word: str) -> Mark:
-    return KNOWN if word.endswith(" [known]") else _MARK_OF[word]
-
-
-def says(check: str, word: str) -> str:
-    """The word a reader sees for `word` recorded by `check` ("no drift" for the drift check's bit-identical). Displayed
-    only: results and report.json keep the stored word, so that one word still means one thing across checks."""
-    base = word.removesuffix(" [known]")
-    return checks.says(check, base) + word[len(base):]
-
-
-def marks(counts: dict[str, int]) -> list[tuple[Mark, int]]:
-    """Every mark of a cell with how many results have it, the worst (by SEVERITY) first."""
-    n: Counter = Counter()
-    for word, k in sorted(counts.items(), key=lambda kv: _rank(kv[0])):
-        n[mark(word)] += k  # insertion order is the order of each mark's worst word
-    return list(n.items())
-
-
-def cell(counts: dict[str, int]) -> tuple[Mark, int] | None:
-    """The one mark a matrix cell shows: its worst outcome's, with how many results have that mark."""
-    return marks(counts)[0] if counts else None
 
 
 @dataclass(frozen=True)
@@ -129,14 +71,14 @@ def groups(data: dict) -> list[Group]:
         by[(r["subject"], r["outcome"], re.sub(r"\d+", "#", r["diagnosis"]))].append(r)
     out = []
     for (subject, outcome, _), rs in by.items():
-        checks = sorted({r["check"] for r in rs}, key=_check_key)
+        checks = sorted({r["check"] for r in rs}, key=check_key)
         firsts = {r["check"]: r["repro"] for r in reversed(rs) if r["repro"]}
         repros = dict.fromkeys([firsts[c] for c in checks if c in firsts] + [r["repro"] for r in rs if r["repro"]])
         out.append(Group(subject, outcome, rs[0]["diagnosis"], tuple(checks),
                          tuple(r for r in data["releases"] if r in {x["release"] for x in rs}),
                          tuple(g for g in data["geometries"] if g in {x["geometry"] for x in rs}), tuple(repros),
                          len(rs)))
-    return sorted(out, key=lambda g: (_rank(g.outcome), -g.count, g.subject, g.checks))
+    return sorted(out, key=lambda g: (cells.rank(g.outcome), -g.count, g.subject, g.checks))
 
 
 def verdict(data: dict) -> str:
@@ -144,33 +86,43 @@ def verdict(data: dict) -> str:
     new = data["new_findings"]
     where = {r["release"] for r in new}
     if not new:
-        return f"GREEN: no new findings in {_n(len(data['releases']), 'release')}"
-    return f"RED: {_n(len(new), 'new finding')} in {_n(len(where), 'release')}"
+        return f"GREEN: no new findings in {count(len(data['releases']), 'release')}"
+    return f"RED: {count(len(new), 'new finding')} in {count(len(where), 'release')}"
 
 
-def fold(rows: list[Result]) -> dict:
-    """The report as data: per subject a release x geometry and a release x check matrix of outcome counts, and the
-    lists to act on."""
-    matrix: dict[str, dict[str, dict[str, Counter]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
-    by_check: dict[str, dict[str, dict[str, Counter]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
+def fold(rows: list[Result], since: Path | None = None) -> dict:
+    """The report as data: per subject a release x geometry, a release x check and a release x cache dtype matrix of
+    word counts, the drill-down rows (subject, release, check, geometry, backends, cache dtype), each key's outcome
+    class, the lists to act on, and, given the previous report.json `since`, what changed since it (a ValueError
+    naming the file when it cannot be read or is not one)."""
+    def table() -> dict[str, dict[str, dict[str, Counter]]]:  # subject -> release -> column -> word counts
+        return defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
+
+    matrix, by_check, dtypes = table(), table(), table()
     sources: dict[str, set[str]] = defaultdict(set)
     runs: dict[str, dict[str, str]] = defaultdict(dict)  # release -> run id -> when its last line was written
-    dtypes: dict[str, dict[str, dict[str, Counter]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
     family: dict[str, str] = {}  # geometry -> its family as a column head (with its cache dtype), read off the lines
-    backends: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # geometry -> backend -> releases
+    backends: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # backend -> releases, geometries
+    drill: dict[tuple, Counter] = defaultdict(Counter)
+    repros: dict[tuple, dict[str, None]] = defaultdict(dict)
     for r in rows:
-        matrix[r.subject][r.release][r.geometry][_word(r)] += 1
-        by_check[r.subject][r.release][r.check][_word(r)] += 1
+        w = cells.word(r.outcome.value, r.known)
+        matrix[r.subject][r.release][r.geometry][w] += 1
+        by_check[r.subject][r.release][r.check][w] += 1
+        key = (r.subject, r.release, r.check, r.geometry, r.backends, r.cache_dtype)
+        drill[key][w] += 1
+        # A row keeps its findings' REPRO lines: an unsupported case's would bury them.
+        if r.repro and len(repros[key]) < ROW_REPROS and cells.outcome_class(w) in (*cells.FAILING, cells.KNOWN_CLASS):
+            repros[key][r.repro] = None
         if r.family:
-            dtypes[r.subject][r.release][r.cache_dtype][_word(r)] += 1
+            dtypes[r.subject][r.release][r.cache_dtype][w] += 1
             family[r.geometry] = r.family + ("" if r.cache_dtype == "auto" else f"@{r.cache_dtype}")
-            for b in r.backends:
-                backends[r.geometry][b].add(r.release)
+        for b in r.backends:
+            backends[b]["releases"].add(r.release)
+            backends[b]["geometries"].add(r.geometry)
         sources[r.release].add(r.source)
         runs[r.release][r.run] = max(runs[r.release].get(r.run, ""), r.time)
-    new = [r for r in rows
-           if r.outcome not in PASSING + ("unsupported", "skipped", "not-run", "not-applicable", STALE)
-           and not r.known]
+    new = [r for r in rows if cells.outcome_class(cells.word(r.outcome.value, r.known)) in cells.FAILING]
     known = Counter((r.known, r.release, r.geometry, r.check, r.outcome)
                     for r in rows if r.known and r.outcome != STALE)
     unsupported = Counter((r.subject, r.diagnosis) for r in rows if r.outcome == "unsupported")
@@ -179,49 +131,76 @@ def fold(rows: list[Result]) -> dict:
     for r in rows:
         for key in {family.get(r.geometry, r.geometry), r.geometry}:
             first[key] = min(first.get(key, len(releases)), releases.index(r.release))
+    geometries = sorted({r.geometry for r in rows},
+                        key=lambda g: (g not in family, first[family.get(g, g)], first[g], g))
 
-    def ordered(table: dict[str, dict[str, dict[str, Counter]]]) -> dict:
-        return {s: {rel: {k: dict(sorted(c.items(), key=lambda kv: _rank(kv[0]))) for k, c in ks.items()}
-                    for rel, ks in by_rel.items()} for s, by_rel in table.items()}
+    def ordered(t: dict[str, dict[str, dict[str, Counter]]]) -> dict:
+        return {s: {rel: {k: _by_rank(c) for k, c in ks.items()} for rel, ks in by_rel.items()}
+                for s, by_rel in t.items()}
 
     data = {
+        "schema": changes.REPORT_SCHEMA,
         "releases": releases,
         "sources": {k: sorted(v) for k, v in sources.items()},
         "runs": {k: [{"run": run or "unknown", "time": t or "unknown"} for run, t in sorted(v.items())]
                  for k, v in runs.items()},
-        "geometries": sorted({r.geometry for r in rows},
-                             key=lambda g: (g not in family, first[family.get(g, g)], first[g], g)),
+        "geometries": geometries,
         "families": family,
         "orders": {r.geometry: r.order for r in rows if r.order},
         "matrix": ordered(matrix),
         "checks": ordered(by_check),
         "cache_dtypes": ordered(dtypes),
-        "backends": {g: [f"{b} ({span(rs, releases)})" for b, rs in sorted(by.items())]
-                     for g, by in backends.items()},
+        "backends": {b: {"releases": [r for r in releases if r in by["releases"]],
+                         "geometries": [g for g in geometries if g in by["geometries"]]}
+                     for b, by in sorted(backends.items())},
+        "rows": [{"subject": s, "release": rel, "check": c, "geometry": g, "backends": list(bs), "cache_dtype": d,
+                  "counts": _by_rank(n), "repros": list(repros[(s, rel, c, g, bs, d)])}
+                 for (s, rel, c, g, bs, d), n in sorted(drill.items(), key=lambda kv: (
+                     kv[0][0], releases.index(kv[0][1]), check_key(kv[0][2]), geometries.index(kv[0][3]),
+                     kv[0][4], kv[0][5]))],
         "new_findings": [_plain(r) for r in new],
         "known_findings": [dict(zip(("id", "release", "geometry", "check", "outcome"), k), count=n)
                            for k, n in sorted(known.items())],
         "stale_findings": [_plain(r) for r in rows if r.outcome == STALE],
         "unsupported": [{"subject": s, "reason": d, "count": n} for (s, d), n in unsupported.most_common()],
     }
+    classes = changes.keys(data["rows"])
+    data["keys"] = changes.encode(classes)
+    dtype_order = sorted({r.cache_dtype for r in rows if r.cache_dtype}, key=lambda d: (d != "auto", d))
+    data["specific"] = _as_json([asdict(x) for x in specific.find(classes, {
+        specific.RELEASE: releases, "check": list(CHECK_ORDER), specific.BACKEND: sorted(backends),
+        specific.CACHE_DTYPE: dtype_order})])
     data["verdict"] = verdict(data)
+    if since is not None:
+        data["changes"] = _as_json(asdict(changes.compare(changes.load(since), data, since)))
     return data
+
+
+def _as_json(value):
+    """`value` as report.json holds it (tuples as lists), so that what is rendered from fold's data and from a
+    report.json read back is the same."""
+    return json.loads(json.dumps(value))
+
+
+def _by_rank(counts: Counter) -> dict[str, int]:
+    """Word counts, the worst word first."""
+    return dict(sorted(counts.items(), key=lambda kv: cells.rank(kv[0])))
 
 
 def _plain(r: Result) -> dict:
     return {**asdict(r), "outcome": r.outcome.value}
 
 
-def _family(data: dict, geometry: str) -> str:
+def family(data: dict, geometry: str) -> str:
     """The family a geometry's lines name (`packed@fp8_e4m3`); a pseudo geometry (`dense`, `*`) is its own."""
     return data["families"].get(geometry, geometry)
 
 
-def _label(geometry: str) -> str:
+def label(geometry: str) -> str:
     return "whole release" if geometry == "*" else geometry
 
 
-def _n(n: int, noun: str) -> str:
+def count(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
@@ -240,28 +219,29 @@ def span(subset: Iterable[str], releases: list[str]) -> str:
     return ", ".join(", ".join(run) if len(run) <= 2 else f"{run[0]}–{run[-1]}" for run in runs)
 
 
-def _where(data: dict, geometries: tuple[str, ...]) -> str:
+def where(data: dict, geometries: tuple[str, ...]) -> str:
     if len(geometries) <= 3:
-        return ", ".join(_label(g) for g in geometries)
-    families = Counter(_family(data, g) for g in geometries)
+        return ", ".join(label(g) for g in geometries)
+    families = Counter(family(data, g) for g in geometries)
     return f"{len(geometries)} geometries (" + ", ".join(f"{f} {n}" for f, n in families.items()) + ")"
 
 
-def _check_key(check: str) -> tuple[int, str]:
+def check_key(check: str) -> tuple[int, str]:
     return (CHECK_ORDER.index(check) if check in CHECK_ORDER else len(CHECK_ORDER), check)
 
 
-def _columns(data: dict, subject: str) -> list[str]:
-    return sorted({c for cs in data["checks"][subject].values() for c in cs}, key=_check_key)
+def columns(data: dict, subject: str) -> list[str]:
+    return sorted({c for cs in data["checks"][subject].values() for c in cs}, key=check_key)
 
 
-def _source(data: dict, release: str) -> str:
+def source(data: dict, release: str) -> str:
     """How the release's contracts were read, and which run its lines come from (and when it ran)."""
     runs = ", ".join(f"run {r['run']} at {r['time']}" for r in data["runs"][release])
     return f"{'/'.join(data['sources'][release])}, {runs}"
 
 
-def _totals(data: dict, subject: str) -> dict[str, int]:
+def totals(data: dict, subject: str) -> dict[str, int]:
+    """Every word of a subject with its count."""
     total: Counter = Counter()
     for cs in data["checks"][subject].values():
         for counts in cs.values():
@@ -269,12 +249,12 @@ def _totals(data: dict, subject: str) -> dict[str, int]:
     return dict(total)
 
 
-def _headline(data: dict, g: Group) -> str:
+def headline(data: dict, g: Group) -> str:
     return (f"{g.subject} · {', '.join(g.checks)} · {span(g.releases, data['releases'])} · "
-            f"{_where(data, g.geometries)} · {_n(g.count, 'result')}")
+            f"{where(data, g.geometries)} · {count(g.count, 'result')}")
 
 
-def _stale(data: dict) -> list[tuple[str, str, str]]:
+def stale(data: dict) -> list[tuple[str, str, str]]:
     """Stale findings as (id, check, releases), one line per known finding and check."""
     by: dict[tuple[str, str], list[str]] = defaultdict(list)
     for r in data["stale_findings"]:
@@ -282,13 +262,97 @@ def _stale(data: dict) -> list[tuple[str, str, str]]:
     return [(k, c, span(rs, data["releases"])) for (k, c), rs in sorted(by.items())]
 
 
-def _known(data: dict) -> list[tuple[str, str, str, str, int]]:
+def known(data: dict) -> list[tuple[str, str, str, str, int]]:
     """Known findings as (id, check, outcome, releases, count), one line per known finding, check and outcome."""
     by: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
     for k in data["known_findings"]:
         by[(k["id"], k["check"], k["outcome"])].append(k)
     return [(i, c, says(c, o), span({k["release"] for k in ks}, data["releases"]), sum(k["count"] for k in ks))
             for (i, c, o), ks in sorted(by.items())]
+
+
+@dataclass(frozen=True)
+class Item:
+    """One entry of a list on the page (a change, a failure only one release has): its text and its REPRO line."""
+
+    text: str
+    repro: str = ""
+
+
+@dataclass(frozen=True)
+class Section:
+    """A titled list of items, the same in markdown and HTML; `more` counts the items left off the page."""
+
+    title: str
+    items: tuple[Item, ...]
+    more: int = 0
+    red: bool = False
+
+
+def _shown(title: str, items: list[Item], red: bool = False) -> Section:
+    return Section(title, tuple(items[:SHOWN]), max(0, len(items) - SHOWN), red)
+
+
+def _where_of(c: dict) -> str:
+    backends = f" · {', '.join(c['backends'])}" if c["backends"] else ""
+    return f"{c['subject']} · {c['release']} · {c['check']} · {label(c['geometry'])}{backends}"
+
+
+def change_sections(data: dict) -> list[Section]:
+    """What changed since the previous report, one section per kind of change that has any (none: no changes)."""
+    ch = data.get("changes")
+    if not ch:
+        return []
+
+    def presences(ps: list[dict]) -> list[Item]:
+        by: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for p in ps:
+            by[(p["subject"], p["name"])].append(p["release"])
+        return [Item(f"{s} · {label(n)} · {span(rs, data['releases'])}") for (s, n), rs in sorted(by.items())]
+
+    out = [_shown(count(len(ch["new_failures"]), "new failure"),
+                  [Item(f"{_where_of(c)}: {c['before']} → {c['after']}", c["repro"]) for c in ch["new_failures"]],
+                  red=True),
+           _shown(f"{len(ch['fixes']):,} fix{'' if len(ch['fixes']) == 1 else 'es'}",
+                  [Item(f"{_where_of(c)}: {c['before']} → {c['after']}") for c in ch["fixes"]]),
+           _shown("Subjects appeared", [Item(x) for x in ch["subjects_appeared"]]),
+           _shown("Subjects vanished", [Item(x) for x in ch["subjects_vanished"]]),
+           _shown("Releases appeared", [Item(r) for r in ch["releases_appeared"]]),
+           _shown("Releases vanished", [Item(r) for r in ch["releases_vanished"]]),
+           _shown("Geometries appeared", presences(ch["geometries_appeared"])),
+           _shown("Geometries vanished", presences(ch["geometries_vanished"])),
+           _shown("Backends appeared", presences(ch["backends_appeared"])),
+           _shown("Backends vanished", presences(ch["backends_vanished"])),
+           _shown("Known findings gone stale", presences(ch["gone_stale"]))]
+    return [s for s in out if s.items]
+
+
+def specific_sections(data: dict) -> list[Section]:
+    """The failures only one release, backend or cache dtype has, one section per dimension that has any."""
+    out = []
+    for dimension in specific.DIMENSIONS:
+        found = [s for s in data["specific"] if s["dimension"] == dimension]
+        items = [Item(f"{s['subject']} · {s['check']} · "
+                      + " · ".join(f"{label(v) if f == 'geometry' else v}" for f, v in s["fixed"] if v)
+                      + f": {s['outcome_class']} on {s['where']} only, of " + _among(data, dimension, s["among"]))
+                 for s in found]
+        if items:
+            out.append(_shown(f"Only one {dimension} fails", items, red=any(
+                s["outcome_class"] in cells.FAILING for s in found)))
+    return out
+
+
+def _among(data: dict, dimension: str, among: list[str]) -> str:
+    if dimension != specific.RELEASE:
+        return f"{count(len(among), dimension)} ({', '.join(among)})"
+    releases = span(among, data["releases"])
+    return releases if releases.startswith("all ") else f"{count(len(among), dimension)} ({releases})"
+
+
+def backend_lines(data: dict) -> list[str]:
+    """Per backend the releases and geometries whose lines name it (the run's: live probes name what they found)."""
+    return [f"{b}: {span(by['releases'], data['releases'])} · {where(data, tuple(by['geometries']))}"
+            for b, by in data["backends"].items()]
 
 
 # ---------------------------------------------------------------------------------------------------- markdown
@@ -299,8 +363,17 @@ def _md_mark(m: Mark, n: int | None = None) -> str:
     return f"**{text}**" if m.red else text  # no colour in markdown: red marks are bold
 
 
+def md_cell(counts: dict[str, int]) -> str:
+    """A cell as markdown: its face (bold when red) and the marks counted beside it."""
+    c = cells.cell(counts)
+    if c is None:
+        return "·"
+    face = f"**{c.face}**" if c.red else c.face
+    return " ".join([face, *(_md_mark(m, n) for m, n in c.beside)])
+
+
 def _md_group(data: dict, g: Group) -> list[str]:
-    lines = [f"- **{mark(g.outcome).glyph} {g.word}** · {_headline(data, g)}  ",
+    lines = [f"- **{cells.mark(g.outcome).glyph} {g.word}** · {headline(data, g)}  ",
              f"  {g.diagnosis}"]
     if g.repros:
         lines += ["", "  ```", *(f"  {r}" for r in g.repros[:REPROS_SHOWN]), "  ```"]
@@ -309,229 +382,131 @@ def _md_group(data: dict, g: Group) -> list[str]:
     return lines
 
 
-def _dtype_columns(data: dict, subject: str) -> list[str]:
+def _md_section(s: Section, level: str = "###") -> list[str]:
+    lines = ["", f"{level} {'**' + s.title + '**' if s.red else s.title}", ""]
+    for item in s.items:
+        lines.append(f"- {item.text}")
+        if item.repro:
+            lines += ["", "  ```", f"  {item.repro}", "  ```"]
+    if s.more:
+        lines.append(f"- +{s.more:,} more (report.json)")
+    return lines
+
+
+def dtype_columns(data: dict, subject: str) -> list[str]:
     seen = {d for ds in data["cache_dtypes"].get(subject, {}).values() for d in ds}
     return sorted(seen, key=lambda d: (d != "auto", d)) if len(seen) > 1 else []
 
 
 def _md_dtypes(data: dict, subject: str) -> list[str]:
-    columns = _dtype_columns(data, subject)
+    columns = dtype_columns(data, subject)
     if not columns:
         return []
     out = ["", f"#### {subject}: release × cache dtype", "", "| release | " + " | ".join(columns) + " |",
            "|---|" + "---|" * len(columns)]
     for release in data["releases"]:
         ds = data["cache_dtypes"][subject].get(release, {})
-        out.append(f"| {release} | " + " | ".join(_md_mark(*c) if (c := cell(ds.get(d, {}))) else "·"
-                                                 for d in columns) + " |")
+        out.append(f"| {release} | " + " | ".join(md_cell(ds.get(d, {})) for d in columns) + " |")
     return out
+
+
+def _summary(data: dict, subject: str) -> tuple[str, list[tuple[Mark, int]]]:
+    """A subject's totals: `passed/total passed` and every other mark with its count."""
+    c = cells.cell(totals(data, subject))
+    return f"{c.passed:,}/{c.total:,} passed", list(c.others)
 
 
 def markdown(data: dict) -> str:
     releases, kinds = data["releases"], groups(data)
     lines = ["# kvconform conformance report", "", f"**{data['verdict']}**", ""]
     for subject in sorted(data["checks"]):
-        lines.append(f"- {subject}: {_n(sum(_totals(data, subject).values()), 'result')} — "
-                     + " · ".join(f"{_md_mark(m, n)} {m.name}" for m, n in marks(_totals(data, subject))))
+        passed, others = _summary(data, subject)
+        lines.append(f"- {subject}: {passed} — " + " · ".join(f"{_md_mark(m, n)} {m.name}" for m, n in others))
+    if sections := change_sections(data):
+        lines += ["", f"## Since {data['changes']['since']} ({data['changes']['since_verdict']})"]
+        for s in sections:
+            lines += _md_section(s)
+    elif "changes" in data:
+        lines += ["", f"Since {data['changes']['since']}: no changes."]
     if kinds:
         lines += ["", "## What broke (new findings, worst first)", ""]
         for g in kinds[:FIRST_GROUPS]:
             lines += _md_group(data, g)
         if len(kinds) > FIRST_GROUPS:
             lines.append(f"- +{len(kinds) - FIRST_GROUPS} more kinds of new finding: under Details")
+    for s in specific_sections(data):
+        lines += _md_section(s, "##")
     lines += ["", "## Where: release × check", "", LEGEND + " " + " · ".join(
         f"{_md_mark(m)} {m.name} ({m.meaning})" for m in MARKS) + "."]
     for subject in sorted(data["checks"]):
-        columns = _columns(data, subject)
-        lines += ["", f"### {subject}", "", "| release | contracts from | " + " | ".join(columns)
-                  + " |", "|---|---|" + "---|" * len(columns)]
+        cols = columns(data, subject)
+        lines += ["", f"### {subject}", "", "| release | contracts from | " + " | ".join(cols)
+                  + " |", "|---|---|" + "---|" * len(cols)]
         for release in releases:
             cs = data["checks"][subject].get(release, {})
-            row = [_md_mark(*c) if (c := cell(cs.get(check, {}))) else "·" for check in columns]
-            lines.append(f"| {release} | {_source(data, release)} | " + " | ".join(row) + " |")
+            lines.append(f"| {release} | {source(data, release)} | "
+                         + " | ".join(md_cell(cs.get(check, {})) for check in cols) + " |")
         lines += _md_dtypes(data, subject)
     lines += ["", "## Known findings (green, reported)", ""]
-    lines += [f"- {i}: {c} {o} on {rs}, x{n:,}" for i, c, o, rs, n in _known(data)] or ["none"]
+    lines += [f"- {i}: {c} {o} on {rs}, x{n:,}" for i, c, o, rs, n in known(data)] or ["none"]
     lines += ["", "## Stale known findings (applied, did not happen: remove or narrow them)", ""]
-    lines += [f"- {i}: {c} on {rs}" for i, c, rs in _stale(data)] or ["none"]
+    lines += [f"- {i}: {c} on {rs}" for i, c, rs in stale(data)] or ["none"]
     lines += ["", "## Unsupported (the subject's reasons)", ""]
     lines += [f"- {u['subject']}: {u['reason']} x{u['count']:,}" for u in data["unsupported"]] or ["none"]
-    lines += ["", "## Which backends hand each geometry (from the recordings)", ""]
-    lines += [f"- {g}: {', '.join(bs)}" for g, bs in data["backends"].items()] or ["none recorded"]
+    lines += ["", "## Backends (as this run's result lines name them)", ""]
+    lines += [f"- {b}" for b in backend_lines(data)] or ["none recorded"]
     lines += ["", "## Details"]
     if len(kinds) > FIRST_GROUPS:
         lines += ["", "### More new findings", ""]
         for g in kinds[FIRST_GROUPS:]:
             lines += _md_group(data, g)
     for subject in sorted(data["checks"]):
-        columns = _columns(data, subject)
+        cols = columns(data, subject)
         lines += ["", f"### {subject}: every outcome word per release and check", "",
-                  "| release | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+                  "| release | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
         for release in releases:
             cs = data["checks"][subject].get(release, {})
-            lines.append(f"| {release} | " + " | ".join(
-                " · ".join(f"{says(check, w)} {n:,}" for w, n in cs.get(check, {}).items()) or "·"
-                for check in columns) + " |")
+            lines.append(f"| {release} | " + " | ".join(words(check, cs[check]) if check in cs else "·"
+                                                        for check in cols) + " |")
         by_release = data["matrix"][subject]
         geometries = [g for g in data["geometries"] if any(g in gs for gs in by_release.values())]
-        lines += ["", f"### {subject}: release × geometry (every mark with its count)", "",
-                  "| release | " + " | ".join(_label(g).replace(":", "<br>") for g in geometries) + " |",
+        lines += ["", f"### {subject}: release × geometry", "",
+                  "| release | " + " | ".join(label(g).replace(":", "<br>") for g in geometries) + " |",
                   "|---|" + "---|" * len(geometries)]
         for release in releases:
             gs = by_release.get(release, {})
-            lines.append(f"| {release} | " + " | ".join(" ".join(_md_mark(m, n) for m, n in marks(gs[g]))
-                                                        if g in gs else "·" for g in geometries) + " |")
+            lines.append(f"| {release} | " + " | ".join(md_cell(gs.get(g, {})) for g in geometries) + " |")
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------------------------------------------- HTML
-
-_CSS = """
-body{font:14px/1.4 system-ui,-apple-system,"DejaVu Sans",sans-serif;margin:16px 24px;color:#222}
-h1{font-size:18px;margin:0 0 8px}h2{font-size:16px;margin:20px 0 6px}h3{font-size:14px;margin:16px 0 6px}
-.verdict{font-size:24px;font-weight:700;padding:8px 14px;border-radius:4px;color:#fff;display:inline-block;margin:0}
-.verdict.red{background:#c62828}.verdict.green{background:#2e7d32}
-.totals{margin:6px 0}.legend{color:#555;font-size:12px}
-.finding{border-left:5px solid #c62828;padding:2px 10px;margin:6px 0;background:#fff5f5}
-.finding p{margin:2px 0}.diag{color:#444}
-pre{font:11px/1.35 ui-monospace,"DejaVu Sans Mono",monospace;background:#f6f6f6;padding:3px 6px;margin:3px 0;
- white-space:pre-wrap;word-break:break-all}
-table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ddd;padding:1px 6px;text-align:center}
-table.geo{font-size:10px}table.geo td,table.geo th{padding:1px 2px}
-th{background:#fafafa;font-weight:600}td.rel{text-align:left;font-weight:600;white-space:nowrap}
-td.src{color:#777;font-size:11px}td.none{color:#bbb}td.words{font-size:11px;text-align:left}
-.m{font-weight:600;white-space:nowrap;border-radius:3px;padding:0 3px}
-td.m{border-radius:0;min-width:52px}
-.error{background:#b71c1c;color:#fff}.fails{background:#e53935;color:#fff}.known{background:#b2dfdb;color:#004d40}
-.unsupported{background:#d7d7d7;color:#333}.not-run{background:#e4e4e4;color:#444}
-.skipped{background:#f0f0f0;color:#777}.not-applicable{background:#fff;color:#999}
-.stale{background:#ffe082;color:#5d4000}.pass{background:#c8e6c9;color:#1b5e20}
-"""
-
-
-def _h(text: str) -> str:
-    return html.escape(text)
-
-
-def _html_mark(m: Mark, n: int, tag: str = "span", title: str = "") -> str:
-    t = f' title="{_h(title)}"' if title else ""
-    return f'<{tag} class="m {m.name}"{t}>{m.glyph}{n:,}</{tag}>'
-
-
-def _html_group(data: dict, g: Group) -> str:
-    m = mark(g.outcome)
-    more = (f"<p>+{len(g.repros) - REPROS_SHOWN:,} more REPRO lines (report.json <code>new_findings</code>)</p>"
-            if len(g.repros) > REPROS_SHOWN else "")
-    return (f'<div class="finding"><p><span class="m {m.name}">{m.glyph} {_h(g.word)}</span> '
-            f'{_h(_headline(data, g))}</p><p class="diag">{_h(g.diagnosis)}</p>'
-            + "".join(f"<pre>{_h(r)}</pre>" for r in g.repros[:REPROS_SHOWN]) + more + "</div>")
-
-
-def _words(check: str, counts: dict[str, int]) -> str:
+def words(check: str, counts: dict[str, int]) -> str:
+    """Every word of a cell with its count, as the check says it."""
     return " · ".join(f"{says(check, w)} {n:,}" for w, n in counts.items())
-
-
-def html_page(data: dict) -> str:
-    """The markdown report's content as one self-contained HTML page (inline CSS, no script): same verdict, findings,
-    matrices and details, each mark coloured by its outcome; a matrix cell's title lists every word and count."""
-    releases, kinds = data["releases"], groups(data)
-    red = bool(data["new_findings"])
-    out = [f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"/><title>kvconform: {_h(data["verdict"])}'
-           f"</title><style>{_CSS}</style></head><body>", "<h1>kvconform conformance report</h1>",
-           f'<p class="verdict {"red" if red else "green"}">{_h(data["verdict"])}</p>']
-    for subject in sorted(data["checks"]):
-        out.append(f'<p class="totals">{_h(subject)}: {_n(sum(_totals(data, subject).values()), "result")} — '
-                   + " ".join(f"{_html_mark(m, n)} {m.name}" for m, n in marks(_totals(data, subject))) + "</p>")
-    if kinds:
-        out.append("<h2>What broke (new findings, worst first)</h2>")
-        out += [_html_group(data, g) for g in kinds[:FIRST_GROUPS]]
-        if len(kinds) > FIRST_GROUPS:
-            out.append(f"<p>+{len(kinds) - FIRST_GROUPS} more kinds of new finding: under Details</p>")
-    out.append(f'<h2>Where: release × check</h2><p class="legend">{_h(LEGEND)} ' + " ".join(
-        f'<span class="m {m.name}">{m.glyph}</span>&#160;{m.name} ({_h(m.meaning)})' for m in MARKS) + "</p>")
-    for subject in sorted(data["checks"]):
-        columns = _columns(data, subject)
-        out.append(f"<h3>{_h(subject)}</h3><table><tr><th>release</th><th>contracts from</th>"
-                   + "".join(f"<th>{_h(c)}</th>" for c in columns) + "</tr>")
-        for release in releases:
-            cs = data["checks"][subject].get(release, {})
-            tds = [_html_mark(*c, tag="td", title=_words(check, cs[check])) if (c := cell(cs.get(check, {})))
-                   else '<td class="none">·</td>' for check in columns]
-            out.append(f'<tr><td class="rel">{_h(release)}</td><td class="src">{_h(_source(data, release))}</td>'
-                       + "".join(tds) + "</tr>")
-        out.append("</table>")
-        if columns := _dtype_columns(data, subject):
-            out.append(f"<h3>{_h(subject)}: release × cache dtype</h3><table><tr><th>release</th>"
-                       + "".join(f"<th>{_h(d)}</th>" for d in columns) + "</tr>")
-            for release in releases:
-                ds = data["cache_dtypes"][subject].get(release, {})
-                out.append(f'<tr><td class="rel">{_h(release)}</td>' + "".join(
-                    _html_mark(*c, tag="td", title=_words("", ds[d])) if (c := cell(ds.get(d, {})))
-                    else '<td class="none">·</td>' for d in columns) + "</tr>")
-            out.append("</table>")
-    out.append("<h2>Known findings (green, reported)</h2><ul>" + ("".join(
-        f"<li>{_h(i)}: {_h(c)} {_h(o)} on {_h(rs)}, x{n:,}</li>" for i, c, o, rs, n in _known(data)) or "<li>none</li>")
-        + "</ul>")
-    out.append("<h2>Stale known findings (applied, did not happen: remove or narrow them)</h2><ul>" + ("".join(
-        f"<li>{_h(i)}: {_h(c)} on {_h(rs)}</li>" for i, c, rs in _stale(data)) or "<li>none</li>") + "</ul>")
-    out.append("<h2>Unsupported (the subject's reasons)</h2><ul>" + ("".join(
-        f"<li>{_h(u['subject'])}: {_h(u['reason'])} x{u['count']:,}</li>" for u in data["unsupported"])
-        or "<li>none</li>") + "</ul>")
-    out.append("<h2>Which backends hand each geometry (from the recordings)</h2><ul>" + ("".join(
-        f"<li>{_h(g)}: {_h(', '.join(bs))}</li>" for g, bs in data["backends"].items()) or "<li>none recorded</li>")
-        + "</ul>")
-    out.append("<h2>Details</h2>")
-    if len(kinds) > FIRST_GROUPS:
-        out.append("<h3>More new findings</h3>")
-        out += [_html_group(data, g) for g in kinds[FIRST_GROUPS:]]
-    for subject in sorted(data["checks"]):
-        columns = _columns(data, subject)
-        out.append(f"<h3>{_h(subject)}: every outcome word per release and check</h3><table><tr><th>release</th>"
-                   + "".join(f"<th>{_h(c)}</th>" for c in columns) + "</tr>")
-        for release in releases:
-            cs = data["checks"][subject].get(release, {})
-            out.append(f'<tr><td class="rel">{_h(release)}</td>' + "".join(
-                f'<td class="words">{_h(_words(c, cs[c]))}</td>' if c in cs else '<td class="none">·</td>'
-                for c in columns) + "</tr>")
-        out.append("</table>")
-        by_release = data["matrix"][subject]
-        geometries = [g for g in data["geometries"] if any(g in gs for gs in by_release.values())]
-        # A family heads its physical orders; a pseudo geometry (dense, *) heads its own column. The geometries are
-        # sorted by family, so each family's columns are contiguous.
-        families = Counter(_family(data, g) for g in geometries)
-        out.append(f"<h3>{_h(subject)}: release × geometry (every mark with its count)</h3><table class=\"geo\">"
-                   '<tr><th rowspan="2">release</th>' + "".join(
-                       f'<th colspan="{n}">{_h(f)}</th>' if f not in geometries
-                       else f'<th rowspan="2">{_h(_label(f))}</th>' for f, n in families.items()) + "</tr><tr>"
-                   # <wbr/>: an order's name may break at its dots, so that 19 columns fit a screen
-                   + "".join(f"<th>{_h(data['orders'][g]).replace('.', '.<wbr/>')}</th>" for g in geometries
-                             if g in data["families"])
-                   + "</tr>")
-        for release in releases:
-            gs = by_release.get(release, {})
-            out.append(f'<tr><td class="rel">{_h(release)}</td>' + "".join(
-                f'<td title="{_h(_words("", gs[g]))}">' + " ".join(_html_mark(m, n) for m, n in marks(gs[g]))
-                + "</td>" if g in gs else '<td class="none">·</td>' for g in geometries) + "</tr>")
-        out.append("</table>")
-    out.append("</body></html>")
-    return "\n".join(out) + "\n"
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--since", type=Path, default=None, metavar="OLD/report.json",
+                        help="a previous report.json: what changed since it comes first")
     args = parser.parse_args(argv)
-    rows = read(args.results)
-    if not rows:
-        print(f"no results under {args.results} (expected <release>/results.jsonl)", file=sys.stderr)
-        return 1
+    from harness import page  # the page reads this module's folds and texts
+
+    try:
+        rows = read(args.results)
+        if not rows:
+            print(f"no results under {args.results} (expected <release>/results.jsonl)", file=sys.stderr)
+            return 1
+        data = fold(rows, args.since)
+    except ValueError as e:  # a result line or a previous report this kvconform cannot read: it names the file
+        print(f"python -m harness.report: {e}", file=sys.stderr)
+        return 2
     out = args.out or args.results
     out.mkdir(parents=True, exist_ok=True)
-    data = fold(rows)
     (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
     (out / "report.md").write_text(markdown(data))
-    (out / "report.html").write_text(html_page(data))
+    (out / "report.html").write_text(page.html_page(data))
     print(f"{out / 'report.md'}, report.html: {data['verdict']}; {len(rows)} results, "
           f"{len(data['releases'])} releases")
     return 0

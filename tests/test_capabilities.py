@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from harness import report, results, runner
+from harness import cells, report, results, runner
 from harness.subjects import DEFAULT_CAPABILITIES, capabilities_of
 
 pytest_plugins = ["pytester"]
@@ -78,7 +78,7 @@ def test_a_correct_consumer_is_green_and_gets_no_forward_check(host):
     assert {r["outcome"] for r in rows if r["check"] in FORWARD_CHECKS} == {"not-applicable"}
     data = report.fold(results.read(host.path / "results"))
     assert data["verdict"].startswith("GREEN") and not data["new_findings"]
-    assert "∅" in report.markdown(data) and report.mark("not-applicable") is not report.mark("unsupported")
+    assert "∅" in report.markdown(data) and cells.mark("not-applicable") is not cells.mark("unsupported")
 
 
 def test_a_consumer_that_unbinds_axis_0_is_red_with_repro_lines_on_blocks_first_and_packed(host):

@@ -1,5 +1,7 @@
-"""The report says what broke first (verdict, new findings with REPRO lines, one mark per matrix cell) and never
-merges outcome words: a cell's mark is its worst outcome, a known finding never hides a new one."""
+"""The report says what broke first (verdict, what changed since the last report, new findings with REPRO lines, the
+failures only one release has) and never merges outcome words: a cell reads passed/total with every other word
+counted beside it, red with any new finding; a known finding never hides a new one. Every report here is built from
+hand-written result lines."""
 
 import json
 import re
@@ -7,17 +9,17 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from harness import report, results
+from harness import cells, page, report, results
 from harness.results import OUTCOMES, PASSING, Result
 
 
 def add(root, release, geometry, outcome, check="bit-identity", known="", source="replay", diagnosis="", repro="",
-        backends=()):
+        backends=(), subject="builtin"):
     """One line as a run writes it: a geometry named `family:order[@cache dtype]` carries those fields."""
     family, _, rest = geometry.partition(":")
     order, _, dtype = rest.partition("@")
     where = dict(family=family, order=order, cache_dtype=dtype or "auto", backends=backends) if rest else {}
-    results.append(root, Result(run="r1", release=release, source=source, subject="builtin", geometry=geometry,
+    results.append(root, Result(run="r1", release=release, source=source, subject=subject, geometry=geometry,
                                 check=check, sparsity="none", outcome=outcome, case="c", diagnosis=diagnosis,
                                 known=known, repro=repro, **where), "w")
 
@@ -85,25 +87,63 @@ def test_verdict_counts_new_findings_and_their_releases(tmp_path):
     assert fold(root)["verdict"] == "RED: 1 new finding in 1 release"
 
 
-@pytest.mark.parametrize("counts, shown", [
-    ({"bit-identical": 70, "rejected": 50}, ("✓", 120)),
-    ({"bit-identical": 70, "rejected": 50, "skipped": 1}, ("○", 1)),
-    ({"within-tolerance": 9, "stale": 1}, ("◌", 1)),
-    ({"skipped": 3, "not-run": 2}, ("–", 2)),
-    ({"bit-identical": 5, "contract-error [known]": 2}, ("◆", 2)),
-    ({"contract-error [known]": 2, "differs": 1}, ("✗", 1)),
-    ({"differs": 4, "accepted": 1, "subject-error": 2, "harness-error": 1}, ("!", 3)),
+@pytest.mark.parametrize("counts, face, beside", [
+    ({"bit-identical": 70, "rejected": 50}, "120/120", ""),
+    ({"bit-identical": 70, "rejected": 50, "skipped": 1}, "120/121", "○1"),
+    ({"within-tolerance": 9, "stale": 1}, "9/10", "◌1"),
+    ({"skipped": 3, "not-run": 2}, "–2", "○3"),  # nothing passed: the worst mark is the face
+    ({"bit-identical": 40, "unsupported": 180}, "40/220", "⊘180"),  # never "⊘180" when something passed
+    ({"bit-identical": 5, "contract-error [known]": 2}, "5/7", "◆2"),
+    ({"contract-error [known]": 2, "differs": 1}, "✗1", "◆2"),
+    ({"differs": 4, "accepted": 1, "subject-error": 2, "harness-error": 1}, "!3", "✗5"),
 ])
-def test_a_cell_shows_its_worst_outcome(counts, shown):
-    m, n = report.cell(counts)
-    assert (m.glyph, n) == shown
+def test_a_cell_reads_passed_of_total_and_counts_the_other_words_beside_it(counts, face, beside):
+    c = cells.cell(counts)
+    assert c.face == face and " ".join(f"{m.glyph}{n}" for m, n in c.beside) == beside
+    assert c.total == sum(counts.values())
+
+
+def test_pass_over_total_per_cell_from_known_lines(tmp_path):
+    root = tmp_path / "results"
+    for _ in range(3):
+        add(root, "0.25.1", "packed:B.H.N.C", "bit-identical")
+    add(root, "0.25.1", "packed:B.H.N.C@nvfp4", "unsupported", diagnosis="nvfp4")
+    add(root, "0.25.1", "packed:B.H.N.C", "contract-error", known="builtin#1")
+    add(root, "0.25.1", "*", "skipped", check="vllm-write")
+    add(root, "0.33.0", "packed:B.H.N.C", "rejected", check="rejects-malformed")
+    data = fold(root)
+    rows = matrix_rows(report.markdown(data))
+    assert rows["0.25.1"] == ["·", "3/5 ◆1 ⊘1", "○1"] and rows["0.33.0"] == ["1/1", "·", "·"]
+    c = cells.cell(data["checks"]["builtin"]["0.25.1"]["bit-identity"])
+    assert (c.passed, c.total, c.red, c.tone) == (3, 5, False, "f6")
+    assert cells.cell(data["checks"]["builtin"]["0.33.0"]["rejects-malformed"]).tone == "f10"
+    dtypes = report.markdown(data).split("#### builtin: release × cache dtype")[1].splitlines()
+    assert "| 0.25.1 | 3/4 ◆1 | ⊘1 |" in dtypes  # auto: the passes and the known finding; nvfp4: unsupported
+
+
+def test_one_planted_failure_among_passes_makes_a_red_cell(tmp_path):
+    root = tmp_path / "results"
+    for _ in range(99):
+        add(root, "0.33.0", "packed:B.H.N.C", "bit-identical")
+    add(root, "0.33.0", "packed:B.H.N.C", "differs", diagnosis="1 of 8 differ", repro="REPRO planted")
+    add(root, "0.33.0", "packed:B.H.N.C", "bit-identical", check="determinism")
+    data = fold(root)
+    c = cells.cell(data["checks"]["builtin"]["0.33.0"]["bit-identity"])
+    assert (c.face, c.red, c.tone) == ("99/100", True, "red")
+    assert matrix_rows(report.markdown(data))["0.33.0"] == ["**99/100** **✗1**", "1/1"]
+    tree = ET.fromstring(page.html_page(data))
+    tds = [td for td in tree.iter("td") if td.get("data-check")]
+    assert [(td.get("data-check"), td.get("class")) for td in tds] == [
+        ("bit-identity", "cell c red"), ("determinism", "cell c f10")]
+    assert "".join(tds[0].itertext()) == "99/100 ✗1"
 
 
 def test_only_passing_words_get_the_pass_mark():
     for word in OUTCOMES:
-        assert (report.mark(word) is report.PASS) == (word in PASSING), word
-        assert report.mark(f"{word} [known]") is report.KNOWN
-    assert {report.mark(w) for w in OUTCOMES if w not in PASSING} >= {report.ERROR, report.FAIL, report.SKIPPED}
+        assert (cells.mark(word) is cells.PASS) == (word in PASSING), word
+        assert cells.mark(f"{word} [known]") is cells.KNOWN
+        assert (cells.outcome_class(word) == "pass") == (word in PASSING), word
+    assert {cells.mark(w) for w in OUTCOMES if w not in PASSING} >= {cells.ERROR, cells.FAIL, cells.SKIPPED}
 
 
 def test_known_finding_never_hides_a_new_one(tmp_path):
@@ -113,8 +153,8 @@ def test_known_finding_never_hides_a_new_one(tmp_path):
     columns = md.split("### builtin\n\n", 1)[1].splitlines()[0].strip("|").split("|")[2:]
     assert [c.strip() for c in columns] == ["install", "split-agrees", "bit-identity", "determinism", "vllm-write"]
     rows = matrix_rows(md)
-    assert rows["0.30.0"][2] == "**!1**"  # harness-error beside a known contract-error
-    assert rows["0.9.2"][2:4] == ["**✗1**", "◆1"]  # a known finding alone is a known mark
+    assert rows["0.30.0"][2] == "**!1** ◆1"  # harness-error beside a known contract-error
+    assert rows["0.9.2"][2:4] == ["**1/3** **✗1** ⊘1", "◆1"]  # a known finding alone is a known mark
     assert rows["0.30.0"][1] == "◌1" and rows["0.8.5.post1"][0] == "**!1**" and rows["main"][4] == "○1"
     assert rows["main"][:4] == ["·"] * 4
 
@@ -170,24 +210,25 @@ def test_html_is_well_formed_and_says_the_same(tmp_path):
     root = build(tmp_path)
     add(root, "main", "packed:B.H.N.C", "differs", diagnosis="x < y & z", repro="REPRO <b>1</b>")
     data = fold(root)
-    page, md = report.html_page(data), report.markdown(data)
-    tree = ET.fromstring(page)  # well-formed: parses as XML, every tag closed, every '<' and '&' escaped
+    html, md = page.html_page(data), report.markdown(data)
+    tree = ET.fromstring(html)  # well-formed: parses as XML, every tag closed, every '<' and '&' escaped
     text = " ".join(" ".join(e.itertext()) for e in tree.iter())
     assert tree.find("head/title").text == f"kvconform: {data['verdict']}"
     verdict = next(e for e in tree.iter("p") if "verdict" in e.get("class", ""))
     assert (verdict.text, verdict.get("class")) == ("RED: 4 new findings in 4 releases", "verdict red")
-    pres = [e.text for e in tree.iter("pre")]
+    broke = next(e for e in tree.iter("h2") if e.text.startswith("What broke"))
+    pres = [e.text for e in tree.iter("pre")][:3]  # the new findings' (the drill-down rows' come after)
     assert pres == re.findall(r"^  (REPRO .*)$", md, re.M) == ["REPRO harness 0.30.0", "REPRO differs 0.9.2",
                                                                "REPRO <b>1</b>"]
-    assert "x < y & z" in text and "uv failed" in text
-    # the release x check matrix: the same marks and counts as the markdown, each coloured by its outcome
+    assert broke is not None and "x < y & z" in text and "uv failed" in text
+    # the release x check matrix: the same faces and counts as the markdown, each coloured by its cell's tone
     table = tree.findall(".//table")[0]
     rows = {tr[0].text: tr[2:] for tr in table.findall("tr")[1:]}
-    for release, cells in matrix_rows(md).items():
-        assert [td.text for td in rows[release]] == [c.strip("*") for c in cells]
+    for release, faces in matrix_rows(md).items():
+        assert ["".join(td.itertext()) for td in rows[release]] == [c.replace("*", "") for c in faces]
     red = rows["0.30.0"][2]
-    assert red.get("class") == "m error" and red.get("title") == "harness-error 1 · contract-error [known] 1"
-    assert [td.get("class") for td in rows["main"]] == ["none", "none", "m fails", "m skipped"]
+    assert red.get("class") == "cell c red" and red.get("title") == "harness-error 1 · contract-error [known] 1"
+    assert [td.get("class") for td in rows["main"]] == ["none", "none", "cell c red", "cell c skipped"]
 
 
 def test_command_writes_markdown_html_and_json(tmp_path):
@@ -195,7 +236,8 @@ def test_command_writes_markdown_html_and_json(tmp_path):
     assert report.main([str(root), "--out", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "report.md").read_text()
     assert md.startswith("# kvconform conformance report\n\n**RED: 3 new findings in 3 releases**\n")
-    assert re.search(r"\| 0\.9\.2 \| replay, run r1 at \S+ \| · \| · \| \*\*✗1\*\* \| · \|", md), md
+    row = r"\| 0\.9\.2 \| replay, run r1 at \S+ \| · \| · \| \*\*1/3\*\* \*\*✗1\*\* ⊘1 \| · \|"
+    assert re.search(row, md), md
     assert ET.fromstring((tmp_path / "out" / "report.html").read_text()).tag == "html"
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["releases"][0] == "0.8.5.post1" and data["verdict"].startswith("RED")
@@ -219,10 +261,10 @@ def test_not_applicable_is_its_own_mark_never_a_pass_nor_a_finding(tmp_path):
     data = fold(root)
     assert data["verdict"].startswith("GREEN") and not data["new_findings"]
     assert data["checks"]["builtin"]["0.25.1"]["bit-identity"] == {"not-applicable": 1}
-    assert report.mark("not-applicable") not in (report.PASS, report.UNSUPPORTED, report.SKIPPED)
+    assert cells.mark("not-applicable") not in (cells.PASS, cells.UNSUPPORTED, cells.SKIPPED)
     row = matrix_rows(report.markdown(data))["0.25.1"]
-    assert row == ["✓1", "⊘1", "∅1"]  # split-agrees, transfer, bit-identity in the reader's order
-    assert "not-applicable" in report.html_page(data)
+    assert row == ["1/1", "⊘1", "∅1"]  # split-agrees, transfer, bit-identity in the reader's order
+    assert "not-applicable" in page.html_page(data)
 
 
 def test_cache_dtypes_get_their_own_matrix_and_geometries_name_their_backends(tmp_path):
@@ -237,11 +279,11 @@ def test_cache_dtypes_get_their_own_matrix_and_geometries_name_their_backends(tm
     table = md[md.index("#### builtin: release × cache dtype"):].splitlines()
     assert table[2] == "| release | auto | fp8_e4m3 | nvfp4 |"
     assert re.match(r"\| 0\.33\.0 \| \S+ \| \S+ \| \S+ \|", table[4])
-    assert report._family(data, "packed:B.N.H.C@fp8_e4m3") == "packed@fp8_e4m3"
+    assert report.family(data, "packed:B.N.H.C@fp8_e4m3") == "packed@fp8_e4m3"
     # The backends are the run's (its lines), not the shipped recordings', which have no PLANTED backend.
-    backends = md[md.index("## Which backends hand each geometry"):].splitlines()
-    assert "- packed:B.H.N.C: FLASH_ATTN (0.33.0), PLANTED (0.33.0)" in backends, backends
-    assert "release × cache dtype" in report.html_page(data)
+    backends = md[md.index("## Backends"):].splitlines()
+    assert "- PLANTED: 0.33.0 · packed:B.H.N.C" in backends, backends
+    assert "release × cache dtype" in page.html_page(data)
 
 
 def test_the_report_names_the_run_each_release_comes_from(tmp_path):
@@ -263,4 +305,174 @@ def test_a_timeout_is_an_error_in_the_report_never_a_pass(tmp_path):
     root = tmp_path / "results"
     add(root, "0.25.1", "g", "timeout", diagnosis="timeout: item ran past its limit of 600 s")
     data = fold(root)
-    assert data["verdict"].startswith("RED") and report.mark("timeout") is report.ERROR
+    assert data["verdict"].startswith("RED") and cells.mark("timeout") is cells.ERROR
+
+
+def two_runs(tmp_path):
+    """A previous run and the next, as their report.json files: between them 0.33.0's packed bit-identity on
+    FLASH_ATTN breaks (a planted new failure) and 0.25.1's blocks-first determinism is fixed (a planted fix); the
+    rest is the same."""
+    def run(name, broken, fixed):
+        root = tmp_path / name
+        add(root, "0.25.1", "blocks-first:B.KV.N.H.D", "bit-identical", backends=("FLASH_ATTN",))
+        add(root, "0.25.1", "blocks-first:B.KV.N.H.D", "bit-identical" if fixed else "differs", check="determinism",
+            backends=("FLASH_ATTN",), diagnosis="run 2 differs", repro="REPRO determinism 0.25.1")
+        add(root, "0.33.0", "packed:B.H.N.C", "differs" if broken else "bit-identical", backends=("FLASH_ATTN",),
+            diagnosis="1 of 8 differ", repro="REPRO bit-identity 0.33.0")
+        add(root, "0.33.0", "packed:B.H.N.C", "bit-identical", check="determinism", backends=("FLASH_ATTN",))
+        add(root, "0.33.0", "packed:B.H.N.C@nvfp4", "unsupported", backends=("FLASHINFER",), diagnosis="nvfp4")
+        assert report.main([str(merged(root)), "--out", str(tmp_path / f"{name}-report")]) == 0
+        return root
+    return run("old", broken=False, fixed=False), run("new", broken=True, fixed=True)
+
+
+def test_since_lists_exactly_a_planted_new_failure_and_a_planted_fix(tmp_path):
+    _, new = two_runs(tmp_path)
+    old_json = tmp_path / "old-report" / "report.json"
+    data = report.fold(results.read(new), since=old_json)
+    ch = data["changes"]
+    assert [(c["release"], c["check"], c["geometry"], c["backends"], c["before"], c["after"], c["repro"])
+            for c in ch["new_failures"]] == [
+        ("0.33.0", "bit-identity", "packed:B.H.N.C", ["FLASH_ATTN"], "pass", "fail", "REPRO bit-identity 0.33.0")]
+    assert [(c["release"], c["check"], c["geometry"], c["before"], c["after"]) for c in ch["fixes"]] == [
+        ("0.25.1", "determinism", "blocks-first:B.KV.N.H.D", "fail", "pass")]
+    assert not any(ch[k] for k in ch if k not in ("since", "since_verdict", "new_failures", "fixes"))
+    # First on the page, right under the verdict, in markdown and HTML alike.
+    md = report.markdown(data)
+    head = md.split("\n## ")[1]
+    assert head.startswith(f"Since {old_json} (RED: 1 new finding in 1 release)"), md
+    assert "### **1 new failure**" in head and "### 1 fix" in head and "REPRO bit-identity 0.33.0" in head
+    assert "builtin · 0.33.0 · bit-identity · packed:B.H.N.C · FLASH_ATTN: pass → fail" in head
+    tree = ET.fromstring(page.html_page(data))
+    h2 = [e.text for e in tree.iter("h2")]
+    assert h2[0].startswith("Since ") and h2[1].startswith("What broke")
+
+
+def test_since_through_the_command_and_against_itself(tmp_path, capsys):
+    _, new = two_runs(tmp_path)
+    new_json = tmp_path / "new-report" / "report.json"
+    assert report.main([str(new), "--out", str(tmp_path / "again"), "--since", str(new_json)]) == 0
+    md = (tmp_path / "again" / "report.md").read_text()
+    assert f"Since {new_json}: no changes." in md and "## Since" not in md
+
+
+def test_since_names_appeared_and_vanished_geometries_and_backends_and_gone_stale(tmp_path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    add(old, "0.33.0", "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN", "XFORMERS"))
+    add(old, "0.32.0", "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
+    add(new, "0.33.0", "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
+    add(new, "0.33.0", "packed:B.N.H.C", "bit-identical", backends=("FLASH_ATTN",))
+    add(new, "0.33.0", "*", "stale", check="split-agrees", known="builtin#2")
+    assert report.main([str(merged(old)), "--out", str(tmp_path / "o")]) == 0
+    ch = report.fold(results.read(merged(new)), since=tmp_path / "o" / "report.json")["changes"]
+    assert ch["releases_vanished"] == ["0.32.0"] and not ch["releases_appeared"]
+    assert [(p["release"], p["name"]) for p in ch["geometries_appeared"]] == [("0.33.0", "packed:B.N.H.C")]
+    assert [(p["release"], p["name"]) for p in ch["backends_vanished"]] == [("0.33.0", "XFORMERS")]
+    assert [p["name"] for p in ch["gone_stale"]] == ["builtin#2 (split-agrees)"]
+    assert not ch["new_failures"] and not ch["fixes"] and not ch["geometries_vanished"]
+
+
+@pytest.mark.parametrize("content, says", [
+    (None, "cannot read it"),
+    ("{not json", "not a report.json (not JSON"),
+    ('{"schema": 99, "keys": []}', "found schema 99"),
+    ('{"releases": []}', "found schema none"),
+])
+def test_a_bad_since_file_is_an_error_naming_it(tmp_path, capsys, content, says):
+    _, new = two_runs(tmp_path)
+    bad = tmp_path / "previous" / "report.json"
+    if content is not None:
+        bad.parent.mkdir()
+        bad.write_text(content)
+    assert report.main([str(new), "--out", str(tmp_path / "x"), "--since", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"--since {bad}: " in err and says in err, err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_result_line_of_another_schema_is_an_error_naming_its_file(tmp_path, capsys):
+    line = tmp_path / "results" / "0.33.0" / "results.jsonl"
+    line.parent.mkdir(parents=True)
+    line.write_text(json.dumps({"release": "0.33.0", "outcome": "bit-identical"}) + "\n")
+    assert report.main([str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err
+    assert f"{line}:1: a result line of another kvconform (schema 1" in err, err
+
+
+def test_release_specific_failures_are_found_for_a_planted_single_release_failure(tmp_path):
+    root = tmp_path / "results"
+    for release in ("0.22.1", "0.25.1", "0.28.0", "0.33.0"):
+        add(root, release, "packed:B.H.N.C", "differs" if release == "0.28.0" else "bit-identical",
+            backends=("FLASH_ATTN",), diagnosis="1 of 8 differ", repro=f"REPRO {release}")
+        add(root, release, "packed:B.H.N.C", "bit-identical", check="determinism", backends=("FLASH_ATTN",))
+        add(root, release, "kv-first:KV.B.N.H.D", "differs", backends=("FLASH_ATTN",))  # fails on every release
+    add(root, "0.33.0", "packed:B.N.H.C@nvfp4", "unsupported", backends=("FLASH_ATTN",))  # not run: not "having" it
+    data = fold(root)
+    releases = [s for s in data["specific"] if s["dimension"] == "release"]
+    assert [(s["where"], s["check"], dict(s["fixed"]), s["among"]) for s in releases] == [
+        ("0.28.0", "bit-identity", {"geometry": "packed:B.H.N.C", "backend": "FLASH_ATTN", "cache dtype": "auto"},
+         ["0.22.1", "0.25.1", "0.28.0", "0.33.0"])]
+    md = report.markdown(data)
+    section = md.split("## **Only one release fails**\n\n", 1)[1].split("\n\n", 1)[0]
+    assert section == ("- builtin · bit-identity · packed:B.H.N.C · FLASH_ATTN · auto: fail on 0.28.0 only, of "
+                       "all 4 releases (0.22.1–0.33.0)")
+
+
+def test_backend_and_cache_dtype_specific_failures(tmp_path):
+    root = tmp_path / "results"
+    add(root, "0.33.0", "blocks-first:B.KV.N.H.D", "bit-identical", backends=("FLASH_ATTN",))
+    add(root, "0.33.0", "packed:B.H.N.C", "differs", backends=("FLASHINFER",))
+    add(root, "0.33.0", "packed:B.H.N.C@fp8_e4m3", "bit-identical", backends=("FLASHINFER",))
+    data = fold(root)
+    found = {(s["dimension"], s["where"]): dict(s["fixed"]) for s in data["specific"]}
+    assert found == {("backend", "FLASHINFER"): {"release": "0.33.0", "cache dtype": "auto"},
+                     ("cache dtype", "auto"): {"release": "0.33.0", "geometry": "packed:B.H.N.C",
+                                               "backend": "FLASHINFER"}}
+
+
+def test_a_live_runs_report_names_the_live_contracts_backends(tmp_path):
+    root = tmp_path / "results"
+    add(root, "0.33.0", "packed:B.H.N.C", "bit-identical", source="live", backends=("FLASH_ATTN", "TRITON_ATTN"))
+    add(root, "0.33.0", "packed:B.N.H.C@fp8_e4m3", "bit-identical", source="live", backends=("FLASHINFER",))
+    add(root, "0.33.0", "*", "bit-identical", check="drift", source="live")
+    data = fold(root)
+    assert list(data["backends"]) == ["FLASHINFER", "FLASH_ATTN", "TRITON_ATTN"]
+    md = report.markdown(data)
+    assert "| 0.33.0 | live, run r1 at " in md
+    backends = md.split("## Backends (as this run's result lines name them)\n\n", 1)[1].split("\n\n", 1)[0]
+    assert backends.splitlines() == ["- FLASHINFER: 0.33.0 · packed:B.N.H.C@fp8_e4m3",
+                                     "- FLASH_ATTN: 0.33.0 · packed:B.H.N.C",
+                                     "- TRITON_ATTN: 0.33.0 · packed:B.H.N.C"]
+    tree = ET.fromstring(page.html_page(data))
+    rows = {tr.get("data-dtype"): tr.get("data-backends") for tr in tree.iter("tr") if tr.get("data-backends")}
+    assert rows == {"auto": "FLASH_ATTN TRITON_ATTN", "fp8_e4m3": "FLASHINFER"}
+    backend_filter = next(s for s in tree.iter("select") if s.get("id") == "f-backend")
+    assert [o.get("value") for o in backend_filter] == ["", "FLASHINFER", "FLASH_ATTN", "TRITON_ATTN"]
+
+
+def test_the_page_is_one_offline_file_with_a_drill_down_per_cell_and_filters(tmp_path):
+    root = build(tmp_path)
+    add(root, "0.9.2", "blocks-first:B.KV.N.H.D", "differs", diagnosis="2 of 8 differ", repro="REPRO second",
+        backends=("FLASH_ATTN",))
+    data = fold(root)
+    html = page.html_page(data)
+    tree = ET.fromstring(html)
+    assert not re.search(r"""(src|href)=|@import|url\(""", html)  # nothing fetched: it works offline
+    assert {s.get("id") for s in tree.iter("select")} == {
+        "f-subject", "f-release", "f-check", "f-backend", "f-dtype", "f-outcome"}
+    script = "".join(next(tree.iter("script")).itertext())
+    assert "URLSearchParams" in script and "addEventListener" in script
+    # Every clickable cell names what its rows are filtered by, and those rows exist: one per geometry x backends x
+    # cache dtype, with every word and count, and the REPRO lines.
+    rows = [tr for tr in tree.iter("tr") if tr.get("data-subject")]
+    for td in (td for td in tree.iter("td") if "c" in td.get("class", "").split()):
+        mine = [tr for tr in rows if (tr.get("data-subject"), tr.get("data-release")) == (
+            td.get("data-subject"), td.get("data-release")) and tr.get("data-check") == td.get("data-check", "")
+            or tr.get("data-dtype") == td.get("data-dtype")]
+        assert mine, td.attrib
+    row = next(tr for tr in rows if tr.get("data-release") == "0.9.2" and tr.get("data-backends") == "")
+    assert row.get("data-outcomes") == "differs|unsupported|bit-identical"
+    assert "".join(row[6].itertext()) == "differs 1 · unsupported 1 · bit-identical 1"
+    assert [p.text for p in row.iter("pre")] == ["REPRO differs 0.9.2"]
+    other = next(tr for tr in rows if tr.get("data-backends") == "FLASH_ATTN")
+    assert [p.text for p in other.iter("pre")] == ["REPRO second"]

@@ -74,6 +74,10 @@ def test_workflow_runs_what_the_project_defines():
         assert "uses: actions/upload-artifact@v4" in job[name] and "path: results" in job[name]
     assert "if: always()" in job["report"] and "nox -s report" in job["report"]
     assert "results/report.md" in job["report"] and "merge-multiple: true" in job["report"]
+    # Compared with the previous scheduled run's report: its artifact, fetched with read access to actions.
+    assert "--event schedule" in job["report"] and "--name report --dir previous" in job["report"]
+    assert "nox -s report -- --since previous/report.json" in job["report"] and "actions: read" in job["report"]
+    assert "results/report.json" in job["report"] and "results/report.html" in job["report"]
     # The report job installs kvconform on a CPU runner: uv takes a CPU torch (the GPU jobs get vLLM's own torch).
     assert "UV_TORCH_BACKEND: cpu" in job["report"]
     assert "UV_TORCH_BACKEND" not in job["conformance"] + job["nightly"]

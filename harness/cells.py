@@ -1,0 +1,157 @@
+"""What a report cell says about the result lines in it: passed / total, coloured by that fraction, with every other
+word counted beside it under its mark; and the outcome class of a word (pass, known, fail, error, not run), the unit
+that runs are compared in.
+
+A cell's words are the stored outcome words, a known finding's with ` [known]` after it; they are never folded into
+one another: marks group words only for their glyph, the counts stay per word.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from harness import checks
+from harness.results import PASSING, STALE
+
+# Worst first: what a reader must see before anything else in a cell.
+SEVERITY = ("harness-error", "install-error", "contract-error", "subject-error", "timeout", "differs", "accepted",
+            "unsupported", "not-run", "skipped", "not-applicable", STALE, "bit-identical", "within-tolerance",
+            "rejected")
+ERRORS = SEVERITY[:5]
+FAILURES = ("differs", "accepted")
+NOT_RAN = ("unsupported", "not-run", "skipped", "not-applicable")
+
+# Outcome classes, worst first: a set of lines has the class of its worst line (a key whose examples partly passed and
+# partly were unsupported passed; one failing example among passes failed).
+ERROR_CLASS, FAIL_CLASS, KNOWN_CLASS, PASS_CLASS, NOT_RUN_CLASS = CLASSES = ("error", "fail", "known", "pass",
+                                                                             "not run")
+FAILING = (ERROR_CLASS, FAIL_CLASS)  # a new finding: what turns a cell and the verdict red
+STALE_CLASS = "stale"  # a known finding that applied and did not happen: listed apart, never a check's class
+
+
+@dataclass(frozen=True)
+class Mark:
+    """What a cell shows for a class of outcome words: a glyph, and (HTML) a colour."""
+
+    glyph: str
+    name: str  # also its colour class in the HTML
+    meaning: str
+    red: bool = False
+
+
+ERROR = Mark("!", "error", "harness, install, contract or subject error, or an item past its time limit", red=True)
+FAIL = Mark("✗", "fails", "differs, drift, or a malformed cache accepted", red=True)
+KNOWN = Mark("◆", "known", "as a known finding predicted")
+UNSUPPORTED = Mark("⊘", "unsupported", "the subject says it cannot run the case")
+NOT_RUN = Mark("–", "not-run", "the split reads other elements")
+SKIPPED = Mark("○", "skipped", "could not run here")
+NOT_APPLICABLE = Mark("∅", "not-applicable", "the subject does not declare what the check needs")
+STALE_MARK = Mark("◌", "stale", "a known finding did not happen")
+PASS = Mark("✓", "pass", "bit-identical, no drift, agrees, within tolerance, rejected as documented")
+MARKS = (ERROR, FAIL, KNOWN, UNSUPPORTED, NOT_RUN, SKIPPED, NOT_APPLICABLE, STALE_MARK, PASS)
+_MARK_OF = {**dict.fromkeys(ERRORS, ERROR), **dict.fromkeys(FAILURES, FAIL), "unsupported": UNSUPPORTED,
+            "not-run": NOT_RUN, "skipped": SKIPPED, "not-applicable": NOT_APPLICABLE, STALE: STALE_MARK,
+            **dict.fromkeys(PASSING, PASS)}
+KNOWN_SUFFIX = " [known]"
+
+
+def word(outcome: str, known: str) -> str:
+    """A line's word in a cell: its outcome, marked ` [known]` when a known finding predicted it."""
+    return f"{outcome}{KNOWN_SUFFIX}" if known and outcome != STALE else outcome
+
+
+def rank(w: str) -> tuple[int, str]:
+    base = w.removesuffix(KNOWN_SUFFIX)
+    # A known finding is green: rank it just ahead of the passes, behind every new finding and error.
+    return (SEVERITY.index("unsupported") if w.endswith(KNOWN_SUFFIX) else SEVERITY.index(base), w)
+
+
+def mark(w: str) -> Mark:
+    return KNOWN if w.endswith(KNOWN_SUFFIX) else _MARK_OF[w]
+
+
+def says(check: str, w: str) -> str:
+    """The word a reader sees for `w` recorded by `check` ("no drift" for the drift check's bit-identical). Displayed
+    only: results and report.json keep the stored word, so that one word still means one thing across checks."""
+    base = w.removesuffix(KNOWN_SUFFIX)
+    return checks.says(check, base) + w[len(base):]
+
+
+def outcome_class(w: str) -> str:
+    """The class of a cell word: error, fail, known, pass or not run (stale for a stale known finding)."""
+    if w.endswith(KNOWN_SUFFIX):
+        return KNOWN_CLASS
+    if w == STALE:
+        return STALE_CLASS
+    if w in PASSING:
+        return PASS_CLASS
+    if w in FAILURES:
+        return FAIL_CLASS
+    return NOT_RUN_CLASS if w in NOT_RAN else ERROR_CLASS
+
+
+def worst(classes) -> str:
+    """The worst of some outcome classes (not run when there are none)."""
+    return min(classes, key=CLASSES.index, default=NOT_RUN_CLASS)
+
+
+def class_of(counts: dict[str, int]) -> str:
+    """The class of a set of lines given as word counts (stale lines do not count: they are no check's outcome)."""
+    return worst(c for w in counts if (c := outcome_class(w)) != STALE_CLASS)
+
+
+def marks(counts: dict[str, int]) -> list[tuple[Mark, int]]:
+    """Every mark of some word counts with how many lines have it, the worst (by SEVERITY) first."""
+    n: Counter = Counter()
+    for w, k in sorted(counts.items(), key=lambda kv: rank(kv[0])):
+        n[mark(w)] += k  # insertion order is the order of each mark's worst word
+    return list(n.items())
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A cell of the report: how many of its lines passed of how many (every line, whatever its word), whether a new
+    finding is among them, and the other marks with their counts, worst first."""
+
+    passed: int
+    total: int
+    red: bool
+    others: tuple[tuple[Mark, int], ...]  # every mark but the pass mark
+
+    @property
+    def face(self) -> str:
+        """What the cell reads as: `passed/total` when anything passed, else its worst mark and that mark's count."""
+        if self.passed:
+            return f"{self.passed:,}/{self.total:,}"
+        m, n = self.others[0]
+        return f"{m.glyph}{n:,}"
+
+    @property
+    def beside(self) -> tuple[tuple[Mark, int], ...]:
+        """The marks counted beside the face (all but the pass mark, and but the face's own mark)."""
+        return self.others if self.passed else self.others[1:]
+
+    @property
+    def fraction(self) -> float:
+        return self.passed / self.total
+
+    @property
+    def tone(self) -> str:
+        """Its colour class: `red` with a new finding, `f0`-`f10` by the passed fraction (`f10` only when every line
+        passed), else (nothing passed) its worst mark's."""
+        if self.red:
+            return "red"
+        if self.passed:
+            return f"f{10 if self.passed == self.total else min(9, int(self.fraction * 10))}"
+        return self.others[0][0].name
+
+
+def cell(counts: dict[str, int]) -> Cell | None:
+    """The cell of some word counts (None for no lines)."""
+    if not counts:
+        return None
+    all_marks = marks(counts)
+    return Cell(passed=sum(n for w, n in counts.items() if w in PASSING), total=sum(counts.values()),
+                red=any(outcome_class(w) in FAILING for w in counts),
+                others=tuple((m, n) for m, n in all_marks if m is not PASS))

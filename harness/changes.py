@@ -1,0 +1,175 @@
+"""What changed since a previous report: both reports' outcome classes per key (subject, release, backend, cache dtype,
+geometry, check), compared key by key.
+
+A key's class is its worst line's (harness.cells): one failing example among passes fails the key. A line that names
+several backends (they hand a layer the same geometry) stands for each of them. New failures are keys that fail
+(fail or error) now and did not before (passed, were known, not run, or did not exist); fixes are keys that failed
+and pass now. Geometries and backends appeared or vanished per subject and release, within the releases both reports
+have (a subject or release only one has is listed as such). Known findings gone stale: stale now, not stale before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import astuple, dataclass
+from pathlib import Path
+
+from harness import cells
+
+REPORT_SCHEMA = 1  # of report.json; a report of another schema is refused by `load`
+
+
+@dataclass(frozen=True, order=True)
+class Key:
+    """What a run is compared on: one check of one geometry of one release, as one backend reads it."""
+
+    subject: str
+    release: str
+    backend: str  # "" for lines that name no backend (whole-release outcomes, the dense oracle)
+    cache_dtype: str
+    geometry: str
+    check: str
+
+
+@dataclass(frozen=True)
+class Change:
+    """One key (its backends grouped: those that changed alike) that went from one class to another."""
+
+    subject: str
+    release: str
+    check: str
+    geometry: str
+    cache_dtype: str
+    backends: tuple[str, ...]
+    before: str  # an outcome class, or "absent"
+    after: str
+    repro: str = ""  # the first REPRO line of its lines now, if any
+
+
+@dataclass(frozen=True)
+class Presence:
+    """A geometry or backend that one of the two reports has in a release and the other does not."""
+
+    subject: str
+    release: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Changes:
+    """Everything that changed since the previous report, each list sorted."""
+
+    since: str  # the previous report's path as given
+    since_verdict: str
+    new_failures: tuple[Change, ...]
+    fixes: tuple[Change, ...]
+    subjects_appeared: tuple[str, ...]
+    subjects_vanished: tuple[str, ...]
+    releases_appeared: tuple[str, ...]
+    releases_vanished: tuple[str, ...]
+    geometries_appeared: tuple[Presence, ...]
+    geometries_vanished: tuple[Presence, ...]
+    backends_appeared: tuple[Presence, ...]
+    backends_vanished: tuple[Presence, ...]
+    gone_stale: tuple[Presence, ...]  # name: "<known id> (<check>)"
+
+
+def keys(rows: list[dict]) -> dict[Key, str]:
+    """Each key's outcome class, from a report's rows (report.fold's `rows`)."""
+    out: dict[Key, list[str]] = defaultdict(list)
+    for row in rows:
+        cls = cells.class_of(row["counts"])
+        if all(cells.outcome_class(w) == cells.STALE_CLASS for w in row["counts"]):
+            continue  # a stale finding's line: no check's outcome
+        for backend in row["backends"] or [""]:
+            out[Key(row["subject"], row["release"], backend, row["cache_dtype"], row["geometry"],
+                    row["check"])].append(cls)
+    return {k: cells.worst(v) for k, v in out.items()}
+
+
+def encode(classes: dict[Key, str]) -> list[list[str]]:
+    """The keys as report.json holds them: [subject, release, backend, cache dtype, geometry, check, class]."""
+    return [[*astuple(k), c] for k, c in sorted(classes.items())]
+
+
+def load(path: Path) -> dict:
+    """A previous report.json, checked to be one this kvconform can compare against; a ValueError naming the file."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"--since {path}: cannot read it: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ValueError(f"--since {path}: not a report.json (not JSON: {e})") from None
+    if not isinstance(data, dict) or data.get("schema") != REPORT_SCHEMA or not isinstance(data.get("keys"), list):
+        found = data.get("schema", "none") if isinstance(data, dict) else "none"
+        raise ValueError(f"--since {path}: not a report.json of report schema {REPORT_SCHEMA} (found schema {found}): "
+                         "pass the report.json a `python -m harness.report` of this kvconform wrote")
+    return data
+
+
+def _decode(data: dict, path: Path) -> dict[Key, str]:
+    try:
+        return {Key(*k[:6]): k[6] for k in data["keys"]}
+    except (TypeError, IndexError) as e:
+        raise ValueError(f"--since {path}: a malformed `keys` entry: {e}") from None
+
+
+def _grouped(found: list[tuple[Key, str, str]], repros: dict[Key, str]) -> tuple[Change, ...]:
+    by: dict[tuple, list[str]] = defaultdict(list)
+    for k, before, after in found:
+        by[(k.subject, k.release, k.check, k.geometry, k.cache_dtype, before, after)].append(k.backend)
+    out = []
+    for (subject, release, check, geometry, dtype, before, after), backends in by.items():
+        repro = next((r for b in backends if (r := repros.get(Key(subject, release, b, dtype, geometry, check)))), "")
+        out.append(Change(subject, release, check, geometry, dtype, tuple(sorted(b for b in backends if b)), before,
+                          after, repro))
+    return tuple(sorted(out, key=lambda c: (c.subject, c.release, c.check, c.geometry, c.cache_dtype)))
+
+
+def _stale(data: dict) -> set[tuple[str, str, str]]:
+    return {(s["subject"], s["release"], f"{s['known']} ({s['check']})") for s in data.get("stale_findings", [])}
+
+
+def compare(old: dict, new: dict, since: Path) -> Changes:
+    """What changed from report `old` (a loaded report.json, read from `since`) to report `new` (report.fold's)."""
+    before, now = _decode(old, since), keys(new["rows"])
+    repros: dict[Key, str] = {}
+    for row in new["rows"]:
+        for b in row["backends"] or [""]:
+            k = Key(row["subject"], row["release"], b, row["cache_dtype"], row["geometry"], row["check"])
+            repros.setdefault(k, next(iter(row["repros"]), ""))
+    new_failures = [(k, before.get(k, "absent"), c) for k, c in now.items()
+                    if c in cells.FAILING and before.get(k) not in cells.FAILING]
+    fixes = [(k, c, now[k]) for k, c in before.items() if c in cells.FAILING and now.get(k) == cells.PASS_CLASS]
+    old_releases, new_releases = set(old.get("releases", [])), set(new["releases"])
+    old_subjects, new_subjects = {k.subject for k in before}, {k.subject for k in now}
+
+    def present(classes: dict[Key, str], field: str) -> set[tuple[str, str, str]]:
+        # Within the subjects and releases both reports have: the others are listed as such, not geometry by geometry.
+        return {(k.subject, k.release, getattr(k, field)) for k in classes
+                if k.release in old_releases & new_releases and k.subject in old_subjects & new_subjects
+                and getattr(k, field)}
+
+    def diff(a: set, b: set) -> tuple[Presence, ...]:
+        return tuple(Presence(*p) for p in sorted(a - b))
+
+    geo_old, geo_new = present(before, "geometry"), present(now, "geometry")
+    be_old, be_new = present(before, "backend"), present(now, "backend")
+    order = sorted(new_releases | old_releases, key=_release_key)
+    return Changes(
+        since=str(since), since_verdict=str(old.get("verdict", "")),
+        new_failures=_grouped(new_failures, repros), fixes=_grouped(fixes, repros),
+        subjects_appeared=tuple(sorted(new_subjects - old_subjects)),
+        subjects_vanished=tuple(sorted(old_subjects - new_subjects)),
+        releases_appeared=tuple(r for r in order if r in new_releases - old_releases),
+        releases_vanished=tuple(r for r in order if r in old_releases - new_releases),
+        geometries_appeared=diff(geo_new, geo_old), geometries_vanished=diff(geo_old, geo_new),
+        backends_appeared=diff(be_new, be_old), backends_vanished=diff(be_old, be_new),
+        gone_stale=diff(_stale(new), _stale(old)))
+
+
+def _release_key(release: str):
+    from harness.matrix import version_key
+
+    return version_key(release)
