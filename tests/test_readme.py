@@ -1,0 +1,71 @@
+"""The README fits a newcomer: under 12 KB, every relative link points to a file of the repository, and its two
+commands for a fresh machine are the ones .ci/run and the noxfile use (tests/test_noxfile.py checks that the
+noxfile has the sessions they name)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from pathlib import Path
+from urllib.parse import unquote
+
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+def _fresh_machine_commands() -> list[str]:
+    """The indented command lines of the README's "On a fresh machine" section, in order."""
+    section = _section(README.read_text(), "On a fresh machine")
+    return [line.strip() for line in section.splitlines() if line.startswith("    ") and line.strip()]
+
+
+def _split(command: str) -> tuple[list[str], list[str]]:
+    """`pip install A B && ENV=1 nox -s S` -> (["A", "B"], ["nox", "-s", "S"]), the environment assignments dropped."""
+    install, run = (shlex.split(part) for part in command.split("&&"))
+    assert install[:2] == ["pip", "install"], command
+    return install[2:], [w for w in run if not re.fullmatch(r"[A-Z_]+=\S*", w)]
+
+
+def test_the_readme_is_under_12_kb():
+    size = README.stat().st_size
+    assert size < 12 * 1024, f"README.md is {size} bytes; the limit is {12 * 1024}: move detail to docs/"
+
+
+def test_every_relative_link_of_the_readme_points_to_an_existing_file():
+    targets = [t for t in LINK.findall(README.read_text()) if not re.match(r"[a-z][a-z+.-]*:", t)]
+    assert targets, "the README links no file of the repository"
+    missing = [t for t in targets if t.split("#")[0] and not (REPO / unquote(t.split("#")[0])).is_file()]
+    assert not missing, missing
+
+
+def test_the_readme_gives_the_main_job_and_the_test_command_as_nox_sessions():
+    commands = _fresh_machine_commands()
+    assert commands == ["pip install nox uv && KVCONFORM_DROP_VENV=1 nox -s conformance",
+                        "pip install nox uv && nox -s tests"], commands
+    doc = ast.get_docstring(ast.parse((REPO / "noxfile.py").read_text()))
+    listed = {" ".join(line.split()[:3]) for line in doc.splitlines() if line.strip().startswith("nox -s ")}
+    for command in commands:
+        _, run = _split(command)
+        assert " ".join(run) in listed, (command, sorted(listed))
+    assert "KVCONFORM_DROP_VENV" in (REPO / "noxfile.py").read_text()
+
+
+def test_the_readme_test_command_is_what_ci_runs_first():
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.lstrip().startswith("#")]
+    installs = [shlex.split(line) for line in ci if "pip install" in line]
+    nox_runs = [shlex.split(line) for line in ci if "pip install" not in line and re.search(r"(^|\s)nox\s", line)]
+    assert installs and nox_runs, ".ci/run installs nothing or runs no nox session"
+    packages, run = _split(_fresh_machine_commands()[1])
+    ci_packages = [w for w in installs[0][installs[0].index("install") + 1:] if not w.startswith("-")]
+    assert ci_packages == packages, (installs[0], packages)
+    first = nox_runs[0]
+    assert first[first.index("nox"):] == run, (first, run)
