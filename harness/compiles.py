@@ -155,7 +155,7 @@ def forwards(subject: object, case: Case, contract: Contract, dims: Dims, pages:
     """The launches of one example of the forward checks: the dense forward over token rows k, v as `contract`
     stores them, and the paged forward over the subject's split of a kv_cache holding them (the oracle's dense
     forward over model-dtype rows is the model-dtype contract's)."""
-    k, v = contract.stored(k), contract.stored(v)
+    k, v = contract.dtype.stored(k), contract.dtype.stored(v)
     tile = subject.tile_config(case)
     subject.dense_forward(case, q, k, v, tile)
     keys, values = subject.split(filled(contract, dims, pages, k, v), contract)

@@ -504,7 +504,7 @@ class Runner:
     def prepare(self, ex: Example) -> Prepared:
         """Tokens written where the release's contract says (what vLLM's cache write does), pages poisoned."""
         q, k, v = ex.case.inputs(self.device)
-        k, v = ex.contract.stored(k), ex.contract.stored(v)
+        k, v = ex.contract.dtype.stored(k), ex.contract.dtype.stored(v)
         pages = ex.paging().to(self.device)
         return Prepared(q, k, v, filled(ex.contract, ex.dims, pages, k, v), pages)
 

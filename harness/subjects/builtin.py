@@ -221,7 +221,7 @@ class BuiltinSubject:
         return None
 
     def supports_contract(self, contract: Contract) -> str | None:
-        if contract.cache_dtype not in ("auto", "fp8_e4m3", "fp8_e5m2"):
+        if not contract.dtype.values_only:
             return (f"cache dtype {contract.cache_dtype} not supported (scales {contract.dtype.scale}); supported: "
                     "the model dtype and per-tensor fp8, read as K/V values times a per-tensor scale of 1")
         return None
