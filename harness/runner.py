@@ -201,6 +201,16 @@ class Session:
         c = compiles.counts()
         return {"device": self.device, "compiled": c.compiled, "loaded": c.loaded, "results": Runner.recorded}
 
+    def culprit(self, worker: str) -> str:
+        """What ended a crashed xdist worker, when it was the device: its last result line, the example that
+        poisoned the device, with its repro ("" otherwise)."""
+        files = self.results_dir.glob(f"*/results.{self.run}-{worker}.jsonl")
+        last = [json.loads(line) for f in sorted(files, key=lambda f: f.stat().st_mtime)
+                for line in f.read_text().splitlines()[-1:]]
+        if last and POISONED in last[-1]["diagnosis"]:
+            return f"{last[-1]['outcome']}: {last[-1]['diagnosis']}\n{last[-1]['repro']}"
+        return ""
+
     def write_run(self) -> None:
         """results/run.json: the subject, releases, warm-up and every process's report."""
         self.results_dir.mkdir(parents=True, exist_ok=True)
