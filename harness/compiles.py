@@ -156,7 +156,7 @@ def forwards(subject: object, case: Case, contract: Contract, dims: Dims, pages:
     stores them, and the paged forward over the contract's K/V views of a kv_cache holding them (the subject's split
     reaches a kernel only where it agrees with them, Runner.split; the oracle's dense forward over model-dtype rows
     is the model-dtype contract's)."""
-    k, v = contract.stored(k), contract.stored(v)
+    k, v = contract.dtype.stored(k), contract.dtype.stored(v)
     tile = subject.tile_config(case)
     subject.dense_forward(case, q, k, v, tile)
     keys, values = contract.split(filled(contract, dims, pages, k, v), dims)

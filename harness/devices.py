@@ -1,5 +1,5 @@
-"""Devices: which GPU a test process uses, how many processes a run starts per GPU, and whether a device is still
-usable after a subject's call.
+"""Devices: which GPU a test process uses, how many processes a run starts per GPU, the Triton settings every
+process of a run shares, and whether a device is still usable after a subject's call.
 
 A subject's kernel that reads past its cache on a GPU raises an asynchronous CUDA error that poisons the process's
 CUDA context for good: every later call in that process fails, for no fault of its own. Only a new process
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import torch
 
@@ -27,6 +28,35 @@ def workers_per_gpu(option: int | None) -> int:
     if value < 1:
         raise ValueError(f"workers per GPU must be >= 1, got {value}")
     return value
+
+
+def workers(option: int | None) -> int:
+    """Test processes a run starts on this host: GPUs x workers_per_gpu(option) (0 without CUDA)."""
+    return gpus() * workers_per_gpu(option) if gpus() else 0
+
+
+def prepare_triton() -> None:
+    """Triton's settings for a run, before any kernel module is imported: Triton picks its interpreter at
+    @triton.jit time, and xdist workers and warm-up processes inherit this environment, so they all share one
+    compile cache (across sessions too; CI caches the folder) and count their compiles the same way."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("TRITON_CACHE_DIR", str(Path.home() / ".cache" / "kvconform" / "triton"))
+    from harness.compiles import MANAGER  # after TRITON_INTERPRET: it imports triton
+
+    os.environ.setdefault("TRITON_CACHE_MANAGER", MANAGER)
+
+
+def settle(worker: str | None, worker_count: int, starts_workers: bool) -> str:
+    """This process's device (worker_device), made current unless the process only starts xdist workers (kernels
+    launch on the current device). An xdist worker gets its share of the host's CPUs for torch's thread pool,
+    which torch otherwise sizes for the whole host in every worker."""
+    device = worker_device(worker)
+    if device.startswith("cuda") and (worker or not starts_workers):
+        torch.cuda.set_device(device)
+    if worker:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // worker_count))
+    return device
 
 
 def worker_device(worker: str | None) -> str:

@@ -16,6 +16,12 @@ import threading
 from collections.abc import Callable, Iterator
 
 GRACE = 30.0  # at most this long the main thread has to take the alarm before the watchdog ends the process
+DEFAULTS = {"cuda": 600.0, "cpu": 3600.0}  # seconds per item by device kind: the interpreter is ~1000x slower
+
+
+def item_limit(option: float | None, device: str) -> float:
+    """Seconds one item may run on `device`: the option (0: no limit), else the device kind's default."""
+    return DEFAULTS[device.split(":")[0]] if option is None else option
 
 
 class ItemTimeout(BaseException):

@@ -9,6 +9,8 @@ nothing wrong); a hang ends at the per-item limit instead (harness.limits, --kvc
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import HealthCheck, settings
 
 PREFIX = "kvconform-"
@@ -26,6 +28,11 @@ def register() -> None:
                   report_multiple_bugs=False, print_blob=True)
     for name, values in PROFILES.items():
         settings.register_profile(PREFIX + name, **common, **values)
+
+
+def load(device: str) -> None:
+    """Load KVCONFORM_PROFILE, else gpu on CUDA, else dev (for a run that names no --hypothesis-profile)."""
+    settings.load_profile(name(os.environ.get("KVCONFORM_PROFILE", "gpu" if device.startswith("cuda") else "dev")))
 
 
 def name(short: str) -> str:

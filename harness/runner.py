@@ -229,6 +229,16 @@ class Session:
         c = compiles.counts()
         return {"device": self.device, "compiled": c.compiled, "loaded": c.loaded, "results": Runner.recorded}
 
+    def culprit(self, worker: str) -> str:
+        """What ended a crashed xdist worker, when it was the device: its last result line, the example that
+        poisoned the device, with its repro ("" otherwise)."""
+        files = self.results_dir.glob(f"*/results.{self.run}-{worker}.jsonl")
+        last = [json.loads(line) for f in sorted(files, key=lambda f: f.stat().st_mtime)
+                for line in f.read_text().splitlines()[-1:]]
+        if last and POISONED in last[-1]["diagnosis"]:
+            return f"{last[-1]['outcome']}: {last[-1]['diagnosis']}\n{last[-1]['repro']}"
+        return ""
+
     def write_run(self) -> None:
         """results/run.json: the subject, releases, warm-up and every process's report."""
         self.results_dir.mkdir(parents=True, exist_ok=True)
@@ -547,7 +557,7 @@ class Runner:
     def prepare(self, ex: Example) -> Prepared:
         """Tokens written where the release's contract says (what vLLM's cache write does), pages poisoned."""
         q, k, v = ex.case.inputs(self.device)
-        k, v = ex.contract.stored(k), ex.contract.stored(v)
+        k, v = ex.contract.dtype.stored(k), ex.contract.dtype.stored(v)
         pages = ex.paging().to(self.device)
         return Prepared(q, k, v, filled(ex.contract, ex.dims, pages, k, v), pages)
 

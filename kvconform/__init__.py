@@ -1,16 +1,15 @@
-"""kvconform's pytest plugin: options, parametrisation and reporting over the library runner (harness.runner).
+"""kvconform's pytest plugin: options, and the wiring from pytest (and pytest-xdist) to the library runner
+(harness.runner).
 
-Installed, it registers through the `pytest11` entry point and stays inert until a run asks for kvconform (any
+Installed, it loads through the `pytest11` entry point and only adds its options. A run that asks for kvconform (any
 `--kvconform-*` option, the suites named on the command line, or a conftest that sets `KVCONFORM_SUITES = True`, as
-this repository's conformance/ does):
-only then does it set up the Triton environment, load the subject and the releases, and draw examples.
-The suites are `kvconform.suites` (`pytest --pyargs kvconform.suites --kvconform-subject mymod:MySubject ...`).
-State lives in `config.stash`.
+this repository's conformance/ does) gets a `KvconformPlugin` registered for it, with kvconform's hypothesis
+profiles; every other hook, the `conformance` fixture and all state are that object's. The suites are
+`kvconform.suites` (`pytest --pyargs kvconform.suites --kvconform-subject mymod:MySubject ...`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import threading
@@ -18,15 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import profiles
+from harness import limits
 
-profiles.register()  # before hypothesis' own plugin reads --hypothesis-profile at configure time
-SESSION = pytest.StashKey["object"]()  # harness.runner.Session of an active run
-NOT_APPLICABLE = pytest.StashKey[set]()  # the checks (harness.checks) the subject lacks a capability for
-RUN = pytest.StashKey[str]()  # this run's id: made by the controller, handed to its xdist workers
+PLUGIN = "kvconform-run"  # the name the active run's KvconformPlugin is registered under
 OPTIONS = ("release", "subject", "max_examples", "results_dir", "contracts_dir", "known_findings", "regressions_dir",
            "workers_per_gpu", "backend", "cache_dtype", "timeout")
-TIMEOUTS = {"cuda": 600.0, "cpu": 3600.0}  # default seconds per item: the interpreter is ~1000x slower
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -47,7 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="override the hypothesis profile's max_examples (>= 1)")
     g.addoption("--kvconform-timeout", type=float, default=None,
                 help="seconds one item may run before it ends as a `timeout` (a harness limit, never a verdict); "
-                     f"0: no limit. Default {TIMEOUTS['cuda']:g} on CUDA, {TIMEOUTS['cpu']:g} on the CPU")
+                     f"0: no limit. Default {limits.DEFAULTS['cuda']:g} on CUDA, {limits.DEFAULTS['cpu']:g} on the CPU")
     g.addoption("--kvconform-results-dir", default=None, help="where <release>/results.jsonl go (default: ./results)")
     g.addoption("--kvconform-contracts-dir", default=None,
                 help="recorded contracts to replay (default: the ones kvconform ships)")
@@ -61,9 +56,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "one GPU (env KVCONFORM_WORKERS_PER_GPU; default 8); -n overrides")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config):
+    # A wrapper: it runs before xdist's own (tryfirst) pytest_cmdline_main turns -n into its worker list, and before
+    # hypothesis' pytest_configure loads --hypothesis-profile, which may name one of kvconform's profiles.
+    if _active(config):
+        from harness import profiles
+
+        profiles.register()
+        plugin = KvconformPlugin(config)
+        config.pluginmanager.register(plugin, PLUGIN)
+        plugin.size_xdist()
+    return (yield)
+
+
 def _worker(config: pytest.Config) -> str | None:
     """This process's xdist worker id (gw0, ...), from the input xdist gives its workers; None in the controller or
-    a run without xdist (an inherited PYTEST_XDIST_WORKER does not make a process a worker)."""
+    a run without xdist."""
     return config.workerinput["workerid"] if hasattr(config, "workerinput") else None
 
 
@@ -89,100 +98,187 @@ def _active(config: pytest.Config) -> bool:
     return marked or _asked(config) or any(_names_suites(a) for a in config.args)
 
 
-def _prepare_environment() -> None:
-    # Before any kernel module is imported: Triton picks its interpreter at @triton.jit time, and xdist workers
-    # and warm-up processes inherit this environment, so they all share one compile cache (across sessions too;
-    # CI caches the folder) and count their compiles the same way.
-    import torch
+class KvconformPlugin:
+    """The hooks and the `conformance` fixture of one run that uses kvconform: options and xdist's worker input
+    handed to the library (harness.runner, devices, profiles), its outcomes to pytest."""
 
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    os.environ.setdefault("TRITON_CACHE_DIR", str(Path.home() / ".cache" / "kvconform" / "triton"))
-    from harness.compiles import MANAGER  # after TRITON_INTERPRET: it imports triton
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.worker = _worker(config)
+        self.session = None  # harness.runner.Session, from pytest_configure
+        self.run = ""  # this run's id: made by the controller, handed to its xdist workers
+        self.not_applicable: set = set()  # the checks (harness.checks) the subject lacks a capability for
 
-    os.environ.setdefault("TRITON_CACHE_MANAGER", MANAGER)
+    def size_xdist(self) -> None:
+        """On CUDA, no -n means GPUs x workers-per-GPU workers (-n 0 keeps one process)."""
+        option = self.config.option
+        if self.worker is None and getattr(option, "numprocesses", "") is None and not option.collectonly:
+            option.numprocesses = self._workers() or None  # None without CUDA: xdist stays off
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_auto_num_workers(self, config: pytest.Config) -> int | None:
+        return self._workers() or None
 
-@pytest.hookimpl(wrapper=True)
-def pytest_cmdline_main(config: pytest.Config):
-    # On CUDA, no -n means GPUs x workers-per-GPU workers (-n 0 keeps one process). A wrapper, so that this runs
-    # before xdist's own (tryfirst) pytest_cmdline_main turns -n into its worker list.
-    if (not _worker(config) and _active(config) and hasattr(config.option, "numprocesses")
-            and config.option.numprocesses is None and not config.option.collectonly):
+    def _workers(self) -> int:
         from harness import devices
 
-        if devices.gpus():
-            config.option.numprocesses = _workers(config)
-    return (yield)
+        try:
+            return devices.workers(self.config.getoption("kvconform_workers_per_gpu"))
+        except ValueError as e:
+            raise pytest.UsageError(f"--kvconform-workers-per-gpu / KVCONFORM_WORKERS_PER_GPU: {e}") from None
 
+    @pytest.hookimpl(trylast=True)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        from harness import devices
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    if not _active(config):
-        return None
-    from harness import devices
+        devices.prepare_triton()  # before any kernel module is imported
+        from harness import findings, fixtures, profiles, results, runner
 
-    return _workers(config) if devices.gpus() else None
+        _check_options(config)
+        worker = self.worker
+        self.run = config.workerinput["kvconform_run"] if worker else results.new_run_id()
+        device = devices.settle(worker, int(config.workerinput["workercount"]) if worker else 1,
+                                bool(getattr(config.option, "numprocesses", None)))
+        if not config.getoption("hypothesis_profile", None):  # hypothesis' own option wins
+            profiles.load(device)
+        spec = config.getoption("kvconform_subject") or os.environ.get("KVCONFORM_SUBJECT", "builtin")
+        contracts = Path(config.getoption("kvconform_contracts_dir") or fixtures.ROOT)
+        regressions = Path(config.getoption("kvconform_regressions_dir") or _default_regressions(config))
+        args = [f"--kvconform-release={r}" for r in config.getoption("kvconform_release")]
+        args.append(f"--kvconform-subject={spec}")
+        args += [f"--kvconform-{o.replace('_', '-')}={v}" for o in ("backend", "cache_dtype")
+                 for v in config.getoption(f"kvconform_{o}")]
+        for opt in ("contracts_dir", "regressions_dir", "known_findings"):
+            if config.getoption(f"kvconform_{opt}"):
+                args.append(f"--kvconform-{opt.replace('_', '-')}={config.getoption(f'kvconform_{opt}')}")
+        try:
+            session = runner.start(
+                spec, config.getoption("kvconform_release"), contracts, Path(config.getoption("kvconform_results_dir")
+                                                                              or Path.cwd() / "results"),
+                regressions, Path(config.getoption("kvconform_known_findings") or findings.DIRECTORY), device,
+                f"{self.run}-{worker or 'main'}", " ".join(shlex.quote(a) for a in args),
+                tuple(config.getoption("kvconform_backend")), tuple(config.getoption("kvconform_cache_dtype")),
+                self.run)
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
+        session.say = _say(config)
+        if worker and config.workerinput.get("kvconform_warming"):
+            session.warming = True
+        self.session = session
+        # The interpreter computes masked-out rows of a tile too (0/0 there is discarded by the kernel's store mask).
+        config.addinivalue_line("filterwarnings", "ignore:invalid value encountered:RuntimeWarning")
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        """Hand this run's id to a starting xdist worker: its lines belong to the controller's run."""
+        node.workerinput["kvconform_run"] = self.run
+        node.workerinput["kvconform_warming"] = self.session.warming is not None
 
-def _workers(config: pytest.Config) -> int:
-    from harness import devices
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        from hypothesis import settings
 
-    try:
-        return devices.gpus() * devices.workers_per_gpu(config.getoption("kvconform_workers_per_gpu"))
-    except ValueError as e:
-        raise pytest.UsageError(f"--kvconform-workers-per-gpu / KVCONFORM_WORKERS_PER_GPU: {e}") from None
+        s = self.session
+        profile, name = settings.default, settings.get_current_profile_name()
+        return [f"kvconform: subject {s.subject_name} on {s.device}, hypothesis profile {name} "
+                f"(max_examples {config.getoption('kvconform_max_examples') or profile.max_examples}, "
+                f"deadline {profile.deadline})"] + [f"kvconform release {r.describe()}" for r in s.releases] + [
+            f"kvconform {s.subject_name} is not checked on {line}" for line in s.not_checked()]
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """On CUDA, start compiling every kernel variant the run can draw (before xdist starts its workers): the
+        checks that launch no kernel run meanwhile, kernel items wait for it, and their examples only load kernels."""
+        s = self.session
+        if self.worker is not None or not s.device.startswith("cuda") or session.config.option.collectonly:
+            return
+        from harness import devices
 
-@pytest.hookimpl(trylast=True)
-def pytest_configure(config: pytest.Config) -> None:
-    if not _active(config):
-        return
-    _prepare_environment()
-    import torch
-    from hypothesis import settings
+        if s.warm_behind([f"cuda:{i}" for i in range(devices.gpus())], len(os.sched_getaffinity(0))):
+            session.config.get_terminal_writer().line("kvconform warm-up: compiling behind the checks that launch "
+                                                      "no kernel")
 
-    from harness import devices, findings, fixtures, results, runner
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        self.session.workers[node.gateway.id] = getattr(node, "workeroutput", {}).get("kvconform", {})
 
-    _check_options(config)
-    worker = _worker(config)
-    run = config.workerinput["kvconform_run"] if worker else results.new_run_id()
-    config.stash[RUN] = run
-    device = devices.worker_device(worker)
-    if device.startswith("cuda") and (worker or not getattr(config.option, "numprocesses", None)):
-        torch.cuda.set_device(device)  # kernels launch on the current device: this process's GPU
-    if worker:  # torch's CPU thread pool is sized for the whole host in every worker: share the CPUs out instead
-        share = len(os.sched_getaffinity(0)) // int(config.workerinput["workercount"])
-        torch.set_num_threads(max(1, share))
-    # --hypothesis-profile (hypothesis' own option) wins; else KVCONFORM_PROFILE; else by device.
-    if not config.getoption("hypothesis_profile", None):
-        settings.load_profile(profiles.name(os.environ.get("KVCONFORM_PROFILE",
-                                                           "gpu" if device.startswith("cuda") else "dev")))
-    spec = config.getoption("kvconform_subject") or os.environ.get("KVCONFORM_SUBJECT", "builtin")
-    contracts = Path(config.getoption("kvconform_contracts_dir") or fixtures.ROOT)
-    regressions = Path(config.getoption("kvconform_regressions_dir") or _default_regressions(config))
-    args = [f"--kvconform-release={r}" for r in config.getoption("kvconform_release")]
-    args.append(f"--kvconform-subject={spec}")
-    args += [f"--kvconform-{o.replace('_', '-')}={v}" for o in ("backend", "cache_dtype")
-             for v in config.getoption(f"kvconform_{o}")]
-    for opt in ("contracts_dir", "regressions_dir", "known_findings"):
-        if config.getoption(f"kvconform_{opt}"):
-            args.append(f"--kvconform-{opt.replace('_', '-')}={config.getoption(f'kvconform_{opt}')}")
-    try:
-        session = runner.start(
-            spec, config.getoption("kvconform_release"), contracts, Path(config.getoption("kvconform_results_dir")
-                                                                          or Path.cwd() / "results"),
-            regressions, Path(config.getoption("kvconform_known_findings") or findings.DIRECTORY), device,
-            f"{run}-{worker or 'main'}", " ".join(shlex.quote(a) for a in args),
-            tuple(config.getoption("kvconform_backend")), tuple(config.getoption("kvconform_cache_dtype")), run)
-    except ValueError as e:
-        raise pytest.UsageError(str(e)) from None
-    session.say = _say(config)
-    if worker and config.workerinput.get("kvconform_warming"):
-        session.warming = True
-    config.stash[SESSION] = session
-    # The interpreter computes masked-out rows of a tile too (0/0 there is discarded by the kernel's store mask).
-    config.addinivalue_line("filterwarnings", "ignore:invalid value encountered:RuntimeWarning")
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched) -> None:
+        """Name the culprit in a crashed worker's report: the example that poisoned its device."""
+        culprit = self.session.culprit(report.node.gateway.id)
+        if culprit:
+            report.longrepr = f"{report.longrepr}\n{culprit}"
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        s = self.session
+        if self.worker is not None:
+            session.config.workeroutput["kvconform"] = s.process_report()
+            return
+        if not s.workers:
+            s.workers["main"] = s.process_report()
+        if isinstance(s.warming, threading.Thread):
+            s.warming.join()
+        s.write_run()
+        s.merge()
+
+    def pytest_terminal_summary(self, terminalreporter, config: pytest.Config) -> None:
+        if self.worker is None:
+            for line in self.session.summary():
+                terminalreporter.write_line(line)
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        from harness import runner
+
+        s = self.session
+
+        check = _check_of(metafunc.module)
+        if check is None:
+            return
+        if runner.missing(s, check.needs):  # not generated for this subject: no items, a not-applicable line
+            self.not_applicable.add(check)
+            for name in ("target", "release_contracts", "dense_target", "regression"):
+                if name in metafunc.fixturenames:
+                    metafunc.parametrize(name, [])
+            return
+        if "target" in metafunc.fixturenames:
+            targets = runner.targets(s, check)
+            metafunc.parametrize("target", targets, ids=[f"{t.release.release}-{t.contract.name}" for t in targets])
+        if "release_contracts" in metafunc.fixturenames:
+            metafunc.parametrize("release_contracts", s.releases, ids=[r.release for r in s.releases])
+        if "dense_target" in metafunc.fixturenames:
+            targets = runner.dense_targets(s)
+            metafunc.parametrize("dense_target", targets, ids=[f"{t.release.release}-dense-{t.mode}" for t in targets])
+        if "regression" in metafunc.fixturenames:
+            stored = runner.regressions(s, check.name)
+            metafunc.parametrize("regression", stored,
+                                 ids=[f"{r.target.release.release}-{r.target.geometry}-{r.digest}" for r in stored])
+
+    @pytest.hookimpl(trylast=True)  # after -k / -m: a check the run left out gets no not-applicable line either
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        from harness import runner
+
+        s = self.session
+
+        # A check with no stored regressions has nothing to replay, a check the subject lacks a capability for does
+        # not apply, and a session whose geometries no K/V check covers has no targets (each said in a not-applicable
+        # line): no item, rather than a placeholder skip.
+        na = self.not_applicable
+        ours = {i: c for i in items if (c := _check_of(getattr(i, "module", None))) is not None}
+        empty = [i for i, c in ours.items() if c in na or
+                 any("empty parameter set" in str(m.kwargs.get("reason", "")) for m in i.iter_markers("skip"))]
+        if self.worker in (None, "gw0") and not config.option.collectonly:  # one process records them
+            for check in dict.fromkeys(ours[i] for i in empty if ours[i] in na):
+                runner.record_not_applicable(s, check)
+            runner.record_outside(s)
+        if empty:
+            config.hook.pytest_deselected(items=empty)
+            items[:] = [i for i in items if i not in empty]
+        kept = sorted((i for i in items if i in ours),
+                      key=lambda i: runner.order(ours[i], "regression" in getattr(i, "fixturenames", ())))
+        items[:] = kept + [i for i in items if i not in ours]
+
+    @pytest.fixture
+    def conformance(self, request: pytest.FixtureRequest) -> Conformance:
+        return Conformance(self, request)
 
 
 def _say(config: pytest.Config):
@@ -209,155 +305,9 @@ def _check_options(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--kvconform-timeout={t:g}: takes seconds >= 0 (0: no limit)")
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node) -> None:
-    """Hand this run's id to a starting xdist worker: its lines belong to the controller's run."""
-    if RUN in node.config.stash:
-        node.workerinput["kvconform_run"] = node.config.stash[RUN]
-        s = _session(node.config)
-        node.workerinput["kvconform_warming"] = s is not None and s.warming is not None
-
-
 def _default_regressions(config: pytest.Config) -> Path:
     own = Path(__file__).resolve().parent.parent / "fixtures" / "regressions"  # kvconform's own checkout
     return own if own.is_dir() and Path(config.rootpath) == own.parent.parent else Path.cwd() / "kvconform-regressions"
-
-
-def _session(config: pytest.Config):
-    return config.stash.get(SESSION, None)
-
-
-def _is_controller(config: pytest.Config) -> bool:
-    return not hasattr(config, "workerinput")
-
-
-def pytest_report_header(config: pytest.Config) -> list[str] | None:
-    s = _session(config)
-    if s is None:
-        return None
-    from hypothesis import settings
-
-    profile, name = settings.default, settings.get_current_profile_name()
-    return [f"kvconform: subject {s.subject_name} on {s.device}, hypothesis profile {name} "
-            f"(max_examples {config.getoption('kvconform_max_examples') or profile.max_examples}, "
-            f"deadline {profile.deadline})"] + [f"kvconform release {r.describe()}" for r in s.releases] + [
-        f"kvconform {s.subject_name} is not checked on {line}" for line in s.not_checked()]
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """On CUDA, start compiling every kernel variant the run can draw (before xdist starts its workers): the checks
-    that launch no kernel run meanwhile, kernel items wait for it, and their examples only load kernels."""
-    config = session.config
-    s = _session(config)
-    if s is None or not _is_controller(config) or not s.device.startswith("cuda") or config.option.collectonly:
-        return
-    from harness import devices
-
-    if s.warm_behind([f"cuda:{i}" for i in range(devices.gpus())], len(os.sched_getaffinity(0))):
-        config.get_terminal_writer().line("kvconform warm-up: compiling behind the checks that launch no kernel")
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node, error) -> None:
-    s = _session(node.config)
-    if s is not None:
-        s.workers[node.gateway.id] = getattr(node, "workeroutput", {}).get("kvconform", {})
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> None:
-    """Name the culprit in a crashed worker's report: the example that poisoned its device (its last result)."""
-    s = _session(report.node.config)
-    if s is None:
-        return
-    from harness.runner import POISONED
-
-    files = s.results_dir.glob(f"*/results.{s.run}-{report.node.gateway.id}.jsonl")
-    last = [json.loads(line) for f in sorted(files, key=lambda f: f.stat().st_mtime)
-            for line in f.read_text().splitlines()[-1:]]
-    if last and POISONED in last[-1]["diagnosis"]:
-        report.longrepr = f"{report.longrepr}\n{last[-1]['outcome']}: {last[-1]['diagnosis']}\n{last[-1]['repro']}"
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    s = _session(session.config)
-    if s is None:
-        return
-    if not _is_controller(session.config):
-        session.config.workeroutput["kvconform"] = s.process_report()
-        return
-    if not s.workers:
-        s.workers["main"] = s.process_report()
-    if isinstance(s.warming, threading.Thread):
-        s.warming.join()
-    s.write_run()
-    s.merge()
-
-
-def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
-    s = _session(config)
-    if s is not None and _is_controller(config):
-        for line in s.summary():
-            terminalreporter.write_line(line)
-
-
-# ---- parametrisation ---------------------------------------------------------------------------------------------
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    s = _session(metafunc.config)
-    if s is None:
-        return
-    from harness import runner
-
-    check = _check_of(metafunc.module)
-    if check is None:
-        return
-    if runner.missing(s, check.needs):  # not generated for this subject: no items, one not-applicable line per release
-        metafunc.config.stash.setdefault(NOT_APPLICABLE, set()).add(check)
-        for name in ("target", "release_contracts", "dense_target", "regression"):
-            if name in metafunc.fixturenames:
-                metafunc.parametrize(name, [])
-        return
-    if "target" in metafunc.fixturenames:
-        targets = runner.targets(s, check)
-        metafunc.parametrize("target", targets, ids=[f"{t.release.release}-{t.contract.name}" for t in targets])
-    if "release_contracts" in metafunc.fixturenames:
-        metafunc.parametrize("release_contracts", s.releases, ids=[r.release for r in s.releases])
-    if "dense_target" in metafunc.fixturenames:
-        targets = runner.dense_targets(s)
-        metafunc.parametrize("dense_target", targets, ids=[f"{t.release.release}-dense-{t.mode}" for t in targets])
-    if "regression" in metafunc.fixturenames:
-        stored = runner.regressions(s, check.name)
-        metafunc.parametrize("regression", stored,
-                             ids=[f"{r.target.release.release}-{r.target.geometry}-{r.digest}" for r in stored])
-
-
-@pytest.hookimpl(trylast=True)  # after -k / -m: a check the run left out gets no not-applicable line either
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    s = _session(config)
-    if s is None:
-        return
-    from harness import runner
-
-    # A check with no stored regressions has nothing to replay, a check the subject lacks a capability for does
-    # not apply, and a session whose geometries no K/V check covers has no targets (each said in a not-applicable
-    # line): no item, rather than a placeholder skip.
-    na = config.stash.get(NOT_APPLICABLE, set())
-    ours = {i: c for i in items if (c := _check_of(getattr(i, "module", None))) is not None}
-    empty = [i for i, c in ours.items() if c in na or
-             any("empty parameter set" in str(m.kwargs.get("reason", "")) for m in i.iter_markers("skip"))]
-    if _worker(config) in (None, "gw0") and not config.option.collectonly:  # one process records them
-        for check in dict.fromkeys(ours[i] for i in empty if ours[i] in na):
-            runner.record_not_applicable(s, check)
-        runner.record_outside(s)
-    if empty:
-        config.hook.pytest_deselected(items=empty)
-        items[:] = [i for i in items if i not in empty]
-    kept = sorted((i for i in items if i in ours),
-                  key=lambda i: runner.order(ours[i], "regression" in getattr(i, "fixturenames", ())))
-    items[:] = kept + [i for i in items if i not in ours]
 
 
 def _check_of(module) -> object | None:
@@ -368,23 +318,17 @@ def _check_of(module) -> object | None:
     return check if isinstance(check, Check) else None
 
 
-# ---- the fixture the suites use ----------------------------------------------------------------------------------
-
-
 class Conformance:
     """The runner for one pytest item: runs a check and turns how it settled into pytest's words (a known finding
     an xfail, examples not run or unsupported a skip, a lost device the end of this process)."""
 
-    def __init__(self, request: pytest.FixtureRequest):
+    def __init__(self, plugin: KvconformPlugin, request: pytest.FixtureRequest):
         from harness import runner
 
-        self.config = request.config
-        s = _session(request.config)
-        if s is None:
-            pytest.skip("kvconform is not active in this run (no --kvconform-* option)")
+        self.worker = plugin.worker
+        s = plugin.session
         node = request.node.nodeid.split("[")[0].removesuffix("_regression") + "_regression"
-        timeout = request.config.getoption("kvconform_timeout")
-        timeout = TIMEOUTS[s.device.split(":")[0]] if timeout is None else timeout
+        timeout = limits.item_limit(request.config.getoption("kvconform_timeout"), s.device)
         check = _check_of(request.module)
         if check is not None and check.kernels:
             try:
@@ -412,7 +356,7 @@ class Conformance:
         except TimedOut as e:
             pytest.fail(str(e), pytrace=False)
         except DeviceLost as e:
-            if _worker(self.config):  # a fresh xdist worker takes the remaining items; this item is reported as its crash
+            if self.worker:  # a fresh xdist worker takes the remaining items; this item is reported as its crash
                 os._exit(3)
             pytest.exit(f"{e}\nrun with xdist (-n) to go on in a fresh process after such a fault", returncode=1)
 
@@ -425,8 +369,3 @@ class Conformance:
         if state.ran == 0 and state.unsupported:
             pytest.skip(f"{self.runner.s.subject_name} supports none of the examples: "
                         f"{'; '.join(sorted(state.unsupported))}")
-
-
-@pytest.fixture
-def conformance(request: pytest.FixtureRequest) -> Conformance:
-    return Conformance(request)

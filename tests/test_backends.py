@@ -37,8 +37,8 @@ def dims_for(c: Contract) -> Dims:
 
 def tokens(c: Contract, d: Dims, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return (c.stored(torch.randn(n, d.kv_heads, d.head_dim, generator=g, dtype=torch.float16)),
-            c.stored(torch.randn(n, d.kv_heads, d.v_dim, generator=g, dtype=torch.float16)))
+    return (c.dtype.stored(torch.randn(n, d.kv_heads, d.head_dim, generator=g, dtype=torch.float16)),
+            c.dtype.stored(torch.randn(n, d.kv_heads, d.v_dim, generator=g, dtype=torch.float16)))
 
 
 @pytest.mark.parametrize("c", FORMS, ids=lambda c: c.name)
@@ -47,7 +47,7 @@ def test_every_form_round_trips_tokens_through_its_split(c):
     pages = paging((40, 20), d.block_size, d.num_blocks, "shuffled", 3)
     k, v = tokens(c, d, 60)
     kv_cache = c.allocate(d, torch.float16)
-    assert kv_cache.dtype == c.element(torch.float16)
+    assert kv_cache.dtype == c.dtype.cache_element(torch.float16)
     write(*c.split(kv_cache, d), pages, k, v)
     got_k, got_v = read(*c.split(kv_cache, d), pages)
     assert torch.equal(got_k.view(torch.uint8), k.view(torch.uint8))
@@ -65,7 +65,7 @@ def test_nvfp4_k_and_v_are_the_two_halves_of_the_heads_axis():
     k, v = NVFP4.split(kv_cache, d)
     assert k.data_ptr() == kv_cache[:, :2].data_ptr() and v.data_ptr() == kv_cache[:, 2:].data_ptr()
     with pytest.raises(ContractError, match="opaque bytes"):
-        NVFP4.data(k, d.head_dim)
+        NVFP4.dtype.data(k, d.head_dim)
 
 
 def test_per_token_head_sides_are_padded_by_their_inline_scale():
@@ -76,8 +76,8 @@ def test_per_token_head_sides_are_padded_by_their_inline_scale():
     assert k.dtype == torch.float8_e4m3fn and k.shape[-1] == v.shape[-1] == 36
     rows_k, rows_v = tokens(PTH, d, 1)
     k[0, 0] = rows_k[0]
-    assert torch.equal(PTH.scales(k, 32)[0, 0], torch.ones(2, 1))
-    assert torch.equal(PTH.data(k, 32)[0, 0].float(), rows_k[0, :, :32].float())
+    assert torch.equal(PTH.dtype.scales(k, 32)[0, 0], torch.ones(2, 1))
+    assert torch.equal(PTH.dtype.data(k, 32)[0, 0].float(), rows_k[0, :, :32].float())
 
 
 def test_fp8_views_are_retyped_byte_caches():

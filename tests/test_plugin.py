@@ -111,13 +111,51 @@ def test_a_subject_that_unbinds_axis_0_fails_exactly_on_blocks_first_and_packed(
     assert kept  # shrunk examples are kept in the host project, replayed by its next run
 
 
-def test_the_plugin_is_inert_without_kvconform_options(host):
-    env_before = {k for k in os.environ if k.startswith("TRITON")}
-    done = host.runpytest_subprocess("-p", "no:cacheprovider", "-q", "test_own.py")
-    done.assert_outcomes(passed=1)
+REGISTERED_NOTHING = """
+import os
+import sys
+
+import pytest
+from hypothesis import settings
+from hypothesis.errors import InvalidArgument
+
+
+def test_kvconform_registered_nothing(request):
+    pm = request.config.pluginmanager
+    module = pm.get_plugin("kvconform")
+    assert module is not None  # installed, so loaded through its entry point
+    assert sorted(h.name for h in pm.get_hookcallers(module)) == ["pytest_addoption", "pytest_cmdline_main"]
+    assert pm.get_plugin("kvconform-run") is None
+    assert not [p for p in pm.get_plugins() if type(p).__name__ == "KvconformPlugin"]
+    for name in ("kvconform-dev", "kvconform-ci", "kvconform-gpu", "kvconform-nightly"):
+        with pytest.raises(InvalidArgument):
+            settings.get_profile(name)
+    with pytest.raises(pytest.FixtureLookupError):
+        request.getfixturevalue("conformance")
+    assert [m for m in sys.modules if m.startswith("harness.")] == ["harness.limits"]  # the options' defaults
+    assert {k: v for k, v in os.environ.items() if k.startswith("TRITON")} == TRITON_BEFORE
+"""
+
+
+def test_a_plain_run_registers_nothing_of_kvconform(host):
+    triton = {k: v for k, v in os.environ.items() if k.startswith("TRITON")}
+    host.makepyfile(test_plain=f"TRITON_BEFORE = {triton!r}\n" + REGISTERED_NOTHING)
+    done = host.runpytest_subprocess("-p", "no:cacheprovider", "-q", "test_own.py", "test_plain.py")
+    done.assert_outcomes(passed=2)
     assert not (host.path / "results").exists() and not (host.path / "kvconform-regressions").exists()
     assert "kvconform" not in done.stdout.str()
-    assert {k for k in os.environ if k.startswith("TRITON")} == env_before
+
+
+def test_an_inherited_xdist_worker_variable_does_not_make_a_worker(host, monkeypatch):
+    # A process started from inside an xdist worker inherits PYTEST_XDIST_WORKER; only xdist's worker input makes
+    # a process a worker, so this run is its own controller and says its summary.
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+    done = host.runpytest_subprocess("--pyargs", "kvconform.suites", "-p", "no:cacheprovider", "-q",
+                                     "--kvconform-release=0.33.0", "-k", "contracts")
+    out = done.stdout.str()
+    assert done.ret == 0, out[-3000:]
+    assert re.search(r"^kvconform run \S+$", out, re.M), out[-3000:]
+    assert re.search(r"^kvconform process main on cpu: 2 results", out, re.M), out[-3000:]
 
 
 def test_help_lists_the_prefixed_options_without_vllm(host):

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from harness import probe as p
-from harness.contract import CACHE_DTYPES, Contract, ContractError, Dims
+from harness.contract import ALIASES, CACHE_DTYPES, Contract, ContractError, Dims, Row
 
 GPU_LIBRARIES = ("flashinfer",)  # imported by a backend module, absent from some releases' CPU installs
 HEAD_DIM_V = 24  # V's head dim for the diff-KV backends: differs from every other size at DIMS
@@ -121,7 +121,7 @@ def _dtypes(b: Backend, cls: type) -> list[str]:
     declared = _declared(cls)
     if declared is None:
         return ["auto"] if "auto" in b.dtypes else []
-    said = {"fp8_e4m3" if d == "fp8" else d for d in declared}
+    said = {ALIASES.get(d, d) for d in declared}
     return [d for d in b.dtypes if d == "auto" or d in said]
 
 
@@ -282,9 +282,9 @@ def _write(b: Backend, cls: type, mod: types.ModuleType, c: Contract, kv_cache: 
 def _views_written(impl, impl_cls: type, mod: types.ModuleType, c: Contract, kv_cache: torch.Tensor) -> dict | str:
     """For a quantised cache, whose write is a CUDA kernel: the K and V views the backend's do_kv_cache_update
     hands that kernel, compared with the contract's split (shape, strides, offset: the retype aside)."""
-    vars(impl).update(kv_cache_dtype=c.cache_dtype, cache_dtype=c.cache_dtype, is_kvcache_nvfp4=c.cache_dtype == "nvfp4",
-                      _is_per_token_head_quant=c.cache_dtype == "fp8_per_token_head", _k_scale_cache=None,
-                      _v_scale_cache=None)
+    vars(impl).update(kv_cache_dtype=c.cache_dtype, cache_dtype=c.cache_dtype,
+                      is_kvcache_nvfp4=c.dtype.row is Row.FP4_PAGE, _is_per_token_head_quant=c.dtype.row is Row.SCALED,
+                      _k_scale_cache=None, _v_scale_cache=None)
     quant_mode = getattr(p.module("vllm.v1.kv_cache_interface"), "get_kv_quant_mode", None)
     if quant_mode is not None:
         impl._kv_quant_mode = quant_mode(c.cache_dtype)
@@ -323,7 +323,7 @@ def _shape_views(version: str, b: Backend, cls: type, cache_dtype: str, mod: typ
     d = dataclasses.replace(dims(b), num_layers=1, layer=0)
     shape_fn = cls.get_kv_cache_shape
     takes_dtype = "cache_dtype_str" in inspect.signature(shape_fn).parameters
-    if cache_dtype != "auto" and not takes_dtype and cache_dtype not in ("fp8_e4m3",):
+    if not takes_dtype and not CACHE_DTYPES[cache_dtype].values_only:
         return
     # The diff-KV backends keep V's head dim as class state (`head_size_v`), set by the model.
     with p.patched(cls, "head_size_v", d.v_dim) if b.diff_kv else contextlib.nullcontext():

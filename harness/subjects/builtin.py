@@ -222,9 +222,10 @@ class BuiltinSubject:
         return None
 
     def supports_layer(self, layer: Layer) -> str | None:
-        if layer.cache_dtype not in ("auto", "fp8_e4m3", "fp8_e5m2"):
-            return (f"cache dtype {layer.cache_dtype} not supported (scales {cache_dtype(layer.cache_dtype).scale}); "
-                    "supported: the model dtype and per-tensor fp8, read as K/V values times a per-tensor scale of 1")
+        stored = cache_dtype(layer.cache_dtype)
+        if not stored.values_only:
+            return (f"cache dtype {layer.cache_dtype} not supported (scales {stored.scale}); supported: the model "
+                    "dtype and per-tensor fp8, read as K/V values times a per-tensor scale of 1")
         return None
 
     def split(self, kv_cache: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
