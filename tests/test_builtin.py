@@ -89,11 +89,11 @@ def inputs(case: Case, q_factor: float = 1.0):
 
 
 def paged_run(subject, case: Case, contract: Contract, q, k, v, order: str = "shuffled", layers: int = 1):
-    """The paged forward over `contract`'s split of a fresh NaN-poisoned cache holding k, v (plus spare pages)."""
+    """The paged forward over `contract`'s K/V views of a fresh NaN-poisoned cache holding k, v (plus spare pages)."""
     dims = Dims(case.blocks_needed() + 5, case.block_size, case.kv_heads, case.head_dim,
                 num_layers=layers, layer=layers // 2)
     kv_cache = contract.allocate(dims, case.torch_dtype, DEVICE)
-    k_cache, v_cache = subject.split(kv_cache, contract)
+    k_cache, v_cache = contract.split(kv_cache, dims)
     pages = paging(case.kv_lens, case.block_size, dims.num_blocks, order, seed=case.seed).to(DEVICE)
     write(k_cache, v_cache, pages, k, v)
     return subject.paged_forward(case, q, k_cache, v_cache, pages, subject.tile_config(case))
