@@ -409,7 +409,7 @@ def _load() -> _Modelopt:
         raise ModeloptUnavailable(
             f"{ENV}={spec} but nvidia-modelopt {version} is installed; `pip install nvidia-modelopt=={spec}`"
         )
-    live = importlib.util.find_spec("vllm") is not None
+    live = vllm_api.real_vllm()  # not the stand-ins a replayed layer's call runs under
     try:
         plugin = importlib.import_module(PLUGIN) if live else _import_replayed(PLUGIN)
     except ModuleNotFoundError as err:
@@ -422,8 +422,11 @@ def _load() -> _Modelopt:
 
 
 def _import_replayed(name: str) -> types.ModuleType:
-    # The plugin imports its vLLM names at module level: under the newest recorded release's stand-ins, which are
-    # gone again afterwards (a split rebinds the names to the release it replays).
+    # The plugin imports its vLLM names at module level: under the stand-ins installed now (a replayed layer's
+    # call), else the newest recorded release's, which are gone again afterwards (a split rebinds the names to the
+    # release it replays).
+    if vllm_api.modules.replayed() is not None:
+        return importlib.import_module(name)
     for version in reversed(fixtures.releases()):
         rec = fixtures.load(version)
         if rec.api is not None:

@@ -132,6 +132,11 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _Finder.loader = _Finder("", {})
 
 
+def replayed() -> str | None:
+    """The release whose stand-ins are installed now, None outside `replaying`."""
+    return _active[-1] if _active else None
+
+
 def real_vllm() -> bool:
     """A real vLLM is importable in this process (its own modules, not stand-ins)."""
     if _active:
