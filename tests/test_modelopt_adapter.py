@@ -420,3 +420,32 @@ def test_pinning_is_undone_and_unpinned_calls_run_modelopts_own_candidates() -> 
     # lane only exists outside pytest, on a GPU.
     assert SUBJECT.last_tile in [TileConfig(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
                                  for c in own]
+
+
+FIRST_CALL_IN_A_REPLAYED_LAYER = """
+import torch
+from harness import fixtures, runner
+from harness.layer import in_force
+from harness.subjects.modelopt import ModeloptSubject
+
+subject = ModeloptSubject()  # modelopt is first imported inside the calls below, under their releases' stand-ins
+for release in ("0.25.1", "0.29.0"):
+    r = runner.load_release(release, fixtures.ROOT)
+    c = next(c for c in r.contracts if c.origin.backend_name == "FLASH_ATTN" and c.cache_dtype == "auto")
+    dims = runner.Dims(3, 16, 2, 32, 3 if c.shared else 1, 1 if c.shared else 0)
+    layer = runner.layer_of(r, c, dims, torch.float16)
+    kv = c.allocate(dims, torch.float16)
+    with in_force(layer):
+        try:
+            print(release, "split", tuple(subject.split(kv, layer)[0].shape))
+        except Exception as e:
+            print(release, "refused", "live vLLM" in str(e), f"REPLAY of vLLM {release}" in str(e))
+"""
+
+
+def test_a_first_split_inside_a_replayed_call_replays_that_release():
+    # As the suites call it: the first split happens with the layer's stand-ins installed, which must not read as a
+    # live vLLM; each release is replayed as itself.
+    run = _python(FIRST_CALL_IN_A_REPLAYED_LAYER)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("\n")[-3:-1] == ["0.25.1 split (3, 16, 2, 32)", "0.29.0 refused False True"], run.stdout
