@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
+import inspect
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -22,6 +25,7 @@ import torch
 
 from harness.contract import Contract, ContractError, Dims
 from harness.fixtures import Recording
+from harness.probe import patched
 
 SWITCH = "VLLM_KV_CACHE_LAYOUT"  # the layout setting of the releases before the KVCacheLayout enum
 ENUM_AXES = ("L", "B", "H", "N", "C")  # the axes KVCacheLayout's member names and stride orders spell
@@ -96,7 +100,7 @@ def in_force(layer: Layer) -> Iterator[None]:
             stack.enter_context(replaying(layer.recording))
         stack.enter_context(_switch(layer.kv_cache_layout if layer.kv_cache_layout in ("NHD", "HND") else None))
         if hasattr(layer.backend, "head_size_v"):
-            stack.enter_context(_attribute(layer.backend, "head_size_v", layer.head_size_v))
+            stack.enter_context(patched(layer.backend, "head_size_v", layer.head_size_v))
         yield
 
 
@@ -121,22 +125,10 @@ def _set(name: str, value: str | None) -> None:
 
 def _clear_vllm_caches() -> None:
     """vLLM reads the setting once per process (get_kv_cache_layout's lru_cache, envs' cached __getattr__)."""
-    import sys
-
     for module, name in (("vllm.v1.attention.backends.utils", "get_kv_cache_layout"), ("vllm.envs", "__getattr__")):
         fn = getattr(sys.modules.get(module), name, None)
         if hasattr(fn, "cache_clear"):
             fn.cache_clear()
-
-
-@contextlib.contextmanager
-def _attribute(owner: type, name: str, value: object) -> Iterator[None]:
-    old = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, old)
 
 
 def contract_of(layer: Layer) -> Contract:
@@ -172,14 +164,12 @@ def contract_of(layer: Layer) -> Contract:
 
 
 def _asked_axes(b, cls: type, cache_dtype: str) -> tuple[str, ...]:
-    import inspect
-
     from harness.probe import backends
 
     d = dataclasses.replace(backends.dims(b), num_layers=1, layer=0)
     shape_fn = cls.get_kv_cache_shape
     args = (d.num_blocks, d.block_size, d.kv_heads, d.head_dim)
-    with _attribute(cls, "head_size_v", d.v_dim) if b.diff_kv else contextlib.nullcontext():
+    with patched(cls, "head_size_v", d.v_dim) if b.diff_kv else contextlib.nullcontext():
         if "cache_dtype_str" in inspect.signature(shape_fn).parameters:
             shape = tuple(shape_fn(*args, cache_dtype_str=cache_dtype))
         else:
@@ -202,8 +192,6 @@ def _stride_ordered(cls: type, logical: tuple[str, ...], cross_layer: bool) -> t
 
 
 def _layout_member(layer: Layer):
-    import importlib
-
     enum = importlib.import_module("vllm.v1.kv_cache_layout").KVCacheLayout
     try:
         return enum[layer.kv_cache_layout]
