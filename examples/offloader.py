@@ -5,7 +5,8 @@ layout setting in force) and vLLM's own API, as they would inside vLLM.
 - `Offloader` asks the backend: `get_kv_cache_shape` at sentinel sizes, varying one size per call, names every axis
   (the block axis is the one that follows num_blocks, K/V the one of size 2 that follows nothing); where the release
   has no `get_kv_cache_shape` (the KVCacheLayout releases) it reads the layer's view as [B, H, N, C], K and V halves
-  of C, as the enum's docstring states for model-dtype caches.
+  of C, as the enum's docstring states for model-dtype caches, and an nvfp4 cache as [B, 2H, N, D], K's heads then
+  V's, as FlashInfer's NVFP4 spec allocates it.
 - `BlocksFirstConnector` calls `get_kv_cache_shape` once at num_blocks 1: a first axis of 1 is blocks-first
   [B, 2, N, H, D], anything else kv-first [2, B, N, H, D].
 - `ShapeSniffingReader` asks nothing: a first axis of size 2 is kv-first, 4 axes are packed [B, H, N, 2D].
@@ -74,7 +75,7 @@ def _ask(layer, num_blocks, block_size, heads, head_size):
 def _asked_axes(layer) -> tuple[str, ...]:
     """Axis names of the layer's kv_cache: B, N, H (or S, two slots per head), D (or C, K and V side by side), KV."""
     if not hasattr(layer.backend, "get_kv_cache_shape"):
-        return ("B", "H", "N", "C")
+        return ("B", "S", "N", "D") if layer.cache_dtype == "nvfp4" else ("B", "H", "N", "C")
     bs, h, d = layer.block_size, layer.num_kv_heads, layer.head_size
     base = _ask(layer, SENTINEL_BLOCKS, bs, h, d)
     moved = {"B": _ask(layer, SENTINEL_BLOCKS + 1, bs, h, d), "N": _ask(layer, SENTINEL_BLOCKS, 2 * bs, h, d),
@@ -103,6 +104,9 @@ def _fits(kv_cache, layer, axes) -> bool:
         want = _ask(layer, kv_cache.shape[axes.index("B")], layer.block_size, layer.num_kv_heads, layer.head_size)
         if tuple(kv_cache.shape) != want:
             return False
+    elif "S" in axes:
+        if (kv_cache.shape[1], kv_cache.shape[2]) != (2 * layer.num_kv_heads, layer.block_size):
+            return False
     elif (kv_cache.shape[1], kv_cache.shape[2]) != (layer.num_kv_heads, layer.block_size) or kv_cache.shape[3] % 2 \
             or (layer.cache_dtype == "auto" and kv_cache.shape[3] != 2 * layer.head_size):
         return False
@@ -117,7 +121,7 @@ def _stated_order(layer, axes):
     if not hasattr(layer.backend, "get_kv_cache_shape"):
         from vllm.v1.kv_cache_layout import KVCacheLayout
 
-        spelled = ("L", "B", "H", "N", "C")
+        spelled = ("L", "B", "S", "N", "D") if "S" in axes else ("L", "B", "H", "N", "C")
         return [spelled[i] for i in KVCacheLayout[layer.kv_cache_layout].stride_order if i]
     fn = getattr(layer.backend, "get_kv_cache_stride_order", None)
     if fn is None:

@@ -451,9 +451,11 @@ def regressions(session: Session, check: str) -> list[Regression]:
             continue
         ex = Example.from_json(json.dumps(body["example"]))
         label = body["geometry"] if body["geometry"] != ex.contract.name else ""
-        out += [Regression(Target(r, ex.contract, label), ex, body.get("extra"), path.stem.split("-")[-1])
+        # Bound to each release's own contract of the geometry: its layer is that release's (setting, backend).
+        own = {r.release: next((c for c in r.contracts if c.name == ex.contract.name), None) for r in session.releases}
+        out += [Regression(Target(r, own[r.release], label), ex, body.get("extra"), path.stem.split("-")[-1])
                 for r in session.releases
-                if ex.contract.name in ({c.name for c in r.contracts} if label else selected[r.release])]
+                if own[r.release] is not None and (label or ex.contract.name in selected[r.release])]
     return out
 
 
@@ -577,7 +579,7 @@ class Runner:
     def layer(self, ex: Example) -> Layer:
         """The layer value of the running example's cache: what its release hands a layer."""
         target = self._running[0]
-        return layer_of(target.release, ex.contract, ex.dims, ex.case.torch_dtype)
+        return layer_of(target.release, target.contract, ex.dims, ex.case.torch_dtype)
 
     def call(self, fn, *args):
         """Call into the subject; its ContractError is a contract-error, anything else it raises a subject-error.

@@ -109,3 +109,17 @@ def test_the_oracle_targets_are_one_per_sparsity_mode_under_the_newest_release(t
 def test_asking_for_nothing_without_vllm_is_a_usage_error(tmp_path):
     with pytest.raises(ValueError, match="name the release"):
         runner.start("builtin", [], runner.fixtures.ROOT, tmp_path, tmp_path, runner.findings.DIRECTORY, "cpu", "t", "")
+
+
+def test_a_kept_regression_replays_on_each_release_as_that_release_hands_the_cache(tmp_path):
+    # Kept from 0.33.0's cache (a KVCacheLayout member in force); 0.26.0 makes the same geometry under its switch.
+    kept = runner.fixtures.ROOT.parent / "regressions" / "example-offloader" / "split-agrees-2ef7fcc97155.json"
+    (tmp_path / "builtin").mkdir()
+    (tmp_path / "builtin" / kept.name).write_text(kept.read_text())
+    s = runner.start("builtin", ["0.26.0", "0.33.0"], runner.fixtures.ROOT, tmp_path / "results", tmp_path,
+                     runner.findings.DIRECTORY, "cpu", "t", "")
+    got = {}
+    for reg in runner.regressions(s, "split-agrees"):
+        r = runner.Runner(s, "t", 1).running(reg.target, "split-agrees", reg.example, reg.extra)
+        got[reg.target.release.release] = (reg.target.contract.origin.release, r.layer(reg.example).kv_cache_layout)
+    assert got == {"0.26.0": ("0.26.0", "NHD"), "0.33.0": ("0.33.0", "LBNHC")}
