@@ -13,9 +13,7 @@ the release was probed to hand out, not against this.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
-import inspect
 import os
 import sys
 from dataclasses import dataclass, field
@@ -148,7 +146,8 @@ def contract_of(layer: Layer) -> Contract:
     with in_force(layer):
         cls = layer.backend
         if callable(getattr(cls, "get_kv_cache_shape", None)):
-            logical = _asked_axes(b, cls, layer.cache_dtype)
+            logical = backends.axes(b, layer.cache_dtype, backends.asked_shape(b, cls, layer.cache_dtype),
+                                    "get_kv_cache_shape")
             physical = _stride_ordered(cls, logical, layer.cross_layer)
         elif layer.kv_cache_layout and len(layer.kv_cache_layout) == len(ENUM_AXES):
             # An NVFP4 spec (FlashInfer's customize_spec, which the stand-ins do not model) keeps K and V as heads
@@ -161,20 +160,6 @@ def contract_of(layer: Layer) -> Contract:
             raise ContractError(f"{layer.describe()}: the backend has no get_kv_cache_shape and no KVCacheLayout is "
                                 "in force: its layout cannot be asked")
     return Contract(logical, physical, origin, layer.cache_dtype, b.diff_kv)
-
-
-def _asked_axes(b, cls: type, cache_dtype: str) -> tuple[str, ...]:
-    from harness.probe import backends
-
-    d = dataclasses.replace(backends.dims(b), num_layers=1, layer=0)
-    shape_fn = cls.get_kv_cache_shape
-    args = (d.num_blocks, d.block_size, d.kv_heads, d.head_dim)
-    with patched(cls, "head_size_v", d.v_dim) if b.diff_kv else contextlib.nullcontext():
-        if "cache_dtype_str" in inspect.signature(shape_fn).parameters:
-            shape = tuple(shape_fn(*args, cache_dtype_str=cache_dtype))
-        else:
-            shape = tuple(shape_fn(*args))
-    return backends.axes(b, cache_dtype, shape, "get_kv_cache_shape")
 
 
 def _stride_ordered(cls: type, logical: tuple[str, ...], cross_layer: bool) -> tuple[str, ...]:

@@ -317,29 +317,41 @@ def _views_written(impl, impl_cls: type, mod: types.ModuleType, c: Contract, kv_
 # ---- the get_kv_cache_shape era ---------------------------------------------------------------------------------
 
 
+def takes_cache_dtype(cls: type) -> bool:
+    """Whether the backend's get_kv_cache_shape takes `cache_dtype_str`."""
+    return "cache_dtype_str" in inspect.signature(cls.get_kv_cache_shape).parameters
+
+
+def asked_shape(b: Backend, cls: type, cache_dtype: str) -> tuple[int, ...]:
+    """`cls.get_kv_cache_shape` at the backend's probe sizes (each axis size distinct, so `axes` names them)."""
+    d = dims(b)
+    args = (d.num_blocks, d.block_size, d.kv_heads, d.head_dim)
+    # The diff-KV backends keep V's head dim as class state (`head_size_v`), set by the model.
+    with p.patched(cls, "head_size_v", d.v_dim) if b.diff_kv else contextlib.nullcontext():
+        if takes_cache_dtype(cls):
+            return tuple(cls.get_kv_cache_shape(*args, cache_dtype_str=cache_dtype))
+        return tuple(cls.get_kv_cache_shape(*args))
+
+
 def _shape_views(version: str, b: Backend, cls: type, cache_dtype: str, mod: types.ModuleType):
     from harness.probe.era_stride import SWITCH, SWITCH_VALUES, _caches
 
-    d = dataclasses.replace(dims(b), num_layers=1, layer=0)
-    shape_fn = cls.get_kv_cache_shape
-    takes_dtype = "cache_dtype_str" in inspect.signature(shape_fn).parameters
+    takes_dtype = takes_cache_dtype(cls)
     if not takes_dtype and not CACHE_DTYPES[cache_dtype].values_only:
         return
-    # The diff-KV backends keep V's head dim as class state (`head_size_v`), set by the model.
-    with p.patched(cls, "head_size_v", d.v_dim) if b.diff_kv else contextlib.nullcontext():
-        args = (d.num_blocks, d.block_size, d.kv_heads, d.head_dim)
-        shape = tuple(shape_fn(*args, cache_dtype_str=cache_dtype) if takes_dtype else shape_fn(*args))
-        logical = axes(b, cache_dtype, shape, "get_kv_cache_shape")
-        orders = {"default": None}
-        stride_fn = getattr(cls, "get_kv_cache_stride_order", None)
-        if stride_fn is not None:
-            try:
-                orders = {}
-                for value in SWITCH_VALUES:
-                    with p.env(SWITCH, value, _caches()):
-                        orders[f"{SWITCH}={value}"] = tuple(stride_fn())
-            except NotImplementedError:
-                orders = {"default": None}
+    d = dataclasses.replace(dims(b), num_layers=1, layer=0)
+    shape = asked_shape(b, cls, cache_dtype)
+    logical = axes(b, cache_dtype, shape, "get_kv_cache_shape")
+    orders = {"default": None}
+    stride_fn = getattr(cls, "get_kv_cache_stride_order", None)
+    if stride_fn is not None:
+        try:
+            orders = {}
+            for value in SWITCH_VALUES:
+                with p.env(SWITCH, value, _caches()):
+                    orders[f"{SWITCH}={value}"] = tuple(stride_fn())
+        except NotImplementedError:
+            orders = {"default": None}
     element = CACHE_DTYPES[cache_dtype].element or torch.float16
     for setting, order in orders.items():
         order = order or tuple(range(len(shape)))
