@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from harness import probe as p
+from harness.probe import backends
 from harness.contract import CACHE_DTYPES
 from harness.vllm_api import surface
 
@@ -115,7 +116,7 @@ def _answers(b, cls: type, mod: types.ModuleType) -> list[dict[str, Any]]:
         for k, v in state.items():
             stack.enter_context(p.patched(cls, k, v))
         if hasattr(cls, "get_kv_cache_shape"):
-            takes = "cache_dtype_str" in inspect.signature(cls.get_kv_cache_shape).parameters
+            takes = backends.takes_cache_dtype(cls)
             for sizes in SHAPE_SIZES:
                 ask("get_kv_cache_shape", sizes, state=state)
                 for dtype in _dtype_strings(cls) if takes else ():
