@@ -132,6 +132,7 @@ def replay(session: nox.Session) -> None:
         session.run("pytest", "conformance", "--kvconform-release", "recorded", "-n", "2",
                     "--hypothesis-profile=kvconform-ci", "--kvconform-max-examples=2",
                     "--kvconform-subject=offloader:Offloader",
+                    f"--kvconform-regressions-dir={ROOT / 'fixtures' / 'regressions'}",  # its committed guards
                     f"--junitxml={junit.with_name('junit-offloader.xml')}", *args,
                     env={"TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "examples")})
 
@@ -147,6 +148,7 @@ def probe(session: nox.Session) -> None:
     check = "--check" in session.posargs
     if not names:
         session.error("name releases to probe, e.g. `nox -s probe -- 0.33.0` (matrix.toml lists them)")
+    _listed(session, names)
     base = Path(os.environ.get("KVCONFORM_VENVS", ROOT / ".nox" / "vllm"))
     failures, times = [], []
     for name in names:
@@ -187,6 +189,7 @@ def api(session: nox.Session) -> None:
     names, args = _split_posargs(session.posargs)
     if not names:
         session.error("name releases, e.g. `nox -s api -- 0.25.1 0.33.0` (matrix.toml lists them)")
+    _listed(session, names)
     base = Path(os.environ.get("KVCONFORM_VENVS", ROOT / ".nox" / "vllm"))
     failures = []
     for name in names:
@@ -208,6 +211,15 @@ def api(session: nox.Session) -> None:
             _remove(session, venv)
     if failures:
         session.error(f"the recorded layout API differs from or could not be checked against: {', '.join(failures)}")
+
+
+def _listed(session: nox.Session, names: list[str]) -> None:
+    """One line, before anything is installed, for a release matrix.toml does not list."""
+    for name in names:
+        try:
+            matrix.get(name)
+        except matrix.UnknownRelease as e:
+            session.error(str(e))
 
 
 def _split_posargs(posargs: list[str]) -> tuple[list[str], list[str]]:

@@ -45,11 +45,14 @@ class Recording:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Recording:
+        if not isinstance(data, dict) or not data:
+            raise ContractError(f"{'an empty JSON object' if data == {} else f'a JSON {type(data).__name__}'}, not "
+                                "an object with the fields release, contracts, observations and api")
         try:
             contracts = tuple(Contract.from_json(c) for c in data["contracts"])
             return cls(data["release"], contracts, data.get("observations", {}), data.get("api"))
         except KeyError as e:
-            raise ContractError(f"recording lacks field {e}: {sorted(data)}") from None
+            raise ContractError(f"no field {e} (it has {', '.join(sorted(data))})") from None
 
 
 def path(release: str, root: Path = ROOT) -> Path:

@@ -217,11 +217,17 @@ def default(path: Path = PATH) -> list[Release]:
     return [r for r in load(path) if r.default]
 
 
+class UnknownRelease(ValueError):
+    """A release matrix.toml does not list."""
+
+
 def get(name: str, path: Path = PATH) -> Release:
+    """The release named `name`; UnknownRelease (saying how to add it) when matrix.toml does not list it."""
     for r in load(path):
         if r.name == name:
             return r
-    raise KeyError(f"release {name!r} is not in {path}")
+    raise UnknownRelease(f"vllm {name} is not in {path}: add a [[release]] entry for it (name, python, torch, era, "
+                         f"default; the file's header says what each means), then `nox -s probe -- {name}`")
 
 
 def nightly_index(path: Path = PATH) -> str:

@@ -213,7 +213,9 @@ def test_each_other_check_fails_on_a_broken_subject(layout, subject, suite, fail
     assert repros and all(r.startswith(f"REPRO {failing} release=0.30.0") for r in repros), out[-3000:]
 
 
-def test_unreadable_release_contracts_fail_as_contract_error(layout):
-    done = conformance(layout, "conformance/test_contracts.py", "--kvconform-release=0.1.0", "-rA")
-    assert done.returncode == 1, done.stdout[-3000:]
-    assert "contract-error for vLLM 0.1.0 (replay): no recorded contracts for vllm 0.1.0" in done.stdout
+def test_a_release_without_a_recording_is_a_one_line_usage_error_saying_how_to_add_it(layout):
+    done = conformance(layout, "conformance/test_contracts.py", "--kvconform-release=0.99.9", "-rA")
+    assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    err = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(err) == 1 and "vllm 0.99.9 has no recording" in err[0], err
+    assert "add it to kvconform's matrix.toml, then run `nox -s probe -- 0.99.9`" in err[0], err

@@ -36,6 +36,9 @@ targets.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+import traceback
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -194,6 +197,11 @@ SUBJECTS = {"builtin": "harness.subjects.builtin:BuiltinSubject", "modelopt": "h
 MUTANT = "mutant:"  # `mutant:<name>`: the built-in kernel with a planted bug (harness.subjects.mutants)
 
 
+def own(name: str) -> bool:
+    """The subject named `name` is one of kvconform's own (registered, or a planted-bug kernel)."""
+    return name in SUBJECTS or name.startswith(MUTANT)
+
+
 def load_subject(name: str) -> Subject:
     """The subject registered under `name`, a planted-bug kernel `mutant:<name>`, or the class at `module:Class`
     (each imported only when asked for)."""
@@ -204,10 +212,16 @@ def load_subject(name: str) -> Subject:
     if name not in SUBJECTS and ":" not in name:
         raise ValueError(f"unknown subject {name!r}; known: {sorted(SUBJECTS)}, {MUTANT}<name> or module:Class")
     module, _, cls = SUBJECTS.get(name, name).partition(":")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `module:Class` names a module of the current directory, as `python -m` finds it
     try:
         found = getattr(importlib.import_module(module), cls, None)
     except ImportError as e:
         raise ValueError(f"subject {name!r}: cannot import module {module!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the subject's own module raised while it was imported
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        raise ValueError(f"subject {name!r}: importing module {module!r} raised {type(e).__name__}: {e} "
+                         f"({where.filename}:{where.lineno})") from None
     if not isinstance(found, type):
         raise ValueError(f"subject {name!r}: {module}.{cls} is {'missing' if found is None else 'not a class'}; "
                          "a subject is named module:Class")
