@@ -1,22 +1,28 @@
 """kvconform's hypothesis profiles, registered under prefixed names (profile names are global to a process, so
-they must not collide with a host project's): kvconform-dev, kvconform-ci, kvconform-gpu, kvconform-nightly.
+they must not collide with a host project's): kvconform-dev, kvconform-ci, kvconform-find, kvconform-gpu,
+kvconform-nightly.
 
 Examples per (release, geometry, check). ci: the CPU interpreter, every recorded release within CI's budget (see
-docs/suites.md for the measured cost); gpu: one H200, >= 2,000 examples per release; nightly: more. No deadline in
-any: an example's time is never a verdict (a first compile, a cold cache or a loaded host slows one down with
-nothing wrong); a hang ends at the per-item limit instead (harness.limits, --kvconform-timeout).
+docs/suites.md for the measured cost); find: ci's examples without the shrink phase, so that an item stops at its
+first failing example (a wrong subject over the whole matrix in minutes; the item's shrunk example is one rerun
+under ci away); gpu: one H200, >= 2,000 examples per release; nightly: more. No deadline in any: an example's time
+is never a verdict (a first compile, a cold cache or a loaded host slows one down with nothing wrong); a hang ends
+at the per-item limit instead (harness.limits, --kvconform-timeout).
 """
 
 from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.errors import InvalidArgument
 
 PREFIX = "kvconform-"
 PROFILES = {
     "dev": dict(max_examples=10, deadline=None),
     "ci": dict(max_examples=8, deadline=None, database=None, derandomize=True),
+    "find": dict(max_examples=8, deadline=None, database=None, derandomize=True,
+                 phases=(Phase.explicit, Phase.reuse, Phase.generate)),
     "gpu": dict(max_examples=60, deadline=None, database=None),
     "nightly": dict(max_examples=300, deadline=None, database=None),
 }
@@ -32,7 +38,30 @@ def register() -> None:
 
 def load(device: str) -> None:
     """Load KVCONFORM_PROFILE, else gpu on CUDA, else dev (for a run that names no --hypothesis-profile)."""
-    settings.load_profile(name(os.environ.get("KVCONFORM_PROFILE", "gpu" if device.startswith("cuda") else "dev")))
+    short = os.environ.get("KVCONFORM_PROFILE", "gpu" if device.startswith("cuda") else "dev")
+    if name(short) not in registered():
+        raise ValueError(f"KVCONFORM_PROFILE={short}: no such profile; kvconform's: {', '.join(PROFILES)}")
+    settings.load_profile(name(short))
+
+
+def registered() -> list[str]:
+    """kvconform's profile names, registered."""
+    return [PREFIX + n for n in PROFILES]
+
+
+def check_named(profile: str) -> None:
+    """ValueError naming kvconform's profiles unless `profile` (a --hypothesis-profile value) is registered, by
+    kvconform or by the project's own conftest."""
+    try:
+        settings.get_profile(profile)
+    except InvalidArgument:
+        raise ValueError(f"--hypothesis-profile={profile}: no such profile; kvconform's: {', '.join(registered())} "
+                         "(or one the project's conftest registers)") from None
+
+
+def shrinks() -> bool:
+    """The loaded profile shrinks a failing example (kvconform-find does not)."""
+    return Phase.shrink in settings.default.phases
 
 
 def name(short: str) -> str:
