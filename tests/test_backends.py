@@ -195,9 +195,9 @@ def test_flash_attention_split_fails_flashinfer_nvfp4_and_passes_its_model_dtype
     done = suites(layouts, "ContentAxisConsumer", "--kvconform-backend=FLASHINFER")
     out = done.stdout
     assert done.returncode == 1, out[-3000:]
-    assert verdicts(out) == {"0.33.0-packed:B.H.N.C": "PASSED", "0.33.0-head-split:B.S.N.D@nvfp4": "FAILED"}, out
+    assert verdicts(out) == {"0.33.0-packed:B.H.N.C": "PASSED", "0.33.0-head-slots:B.S.N.D@nvfp4": "FAILED"}, out
     (repro,) = re.findall(r"^E\s+(REPRO .*)$", out, re.M)
-    assert "geometry=head-split:B.S.N.D@nvfp4" in repro and "--kvconform-backend=FLASHINFER" in repro
+    assert "geometry=head-slots:B.S.N.D@nvfp4" in repro and "--kvconform-backend=FLASHINFER" in repro
     # The heads axis S = 2 * kv_heads read as tokens' heads, each row cut in half: the wrong shape, named.
     b, s, n, w, h = map(int, re.search(r"differs: K view of kv_cache \((\d+), (\d+), (\d+), (\d+)\) strides .*: shape "
                                        r"\(\d+, \d+, \d+, \d+\) \(contract: \(\d+, \d+, (\d+), \d+\)\)", out).groups())

@@ -106,12 +106,12 @@ def test_table_has_one_row_per_release_backend_dtype_and_family(tmp_path):
     rows = fixtures.table(tmp_path).splitlines()
     assert rows[2].startswith("| 0.20.2 | FLASH_ATTN | auto | kv-first | (KV,B,N,H,D) | KV.B.N.H.D KV.B.H.N.D | unbind KV")
     assert rows[3].startswith("| 0.26.0 | FLASH_ATTN | auto | packed | (B,H,N,C) | B.N.H.C | halves of C")
-    assert rows[4].startswith("| 0.26.0 | FLASHINFER | nvfp4 | head-split | (B,S,N,D) | B.S.N.D | halves of S")
+    assert rows[4].startswith("| 0.26.0 | FLASHINFER | nvfp4 | head-slots | (B,S,N,D) | B.S.N.D | halves of S")
     assert [r.rsplit("|", 2)[1].strip() for r in rows[2:]] == ["new", "**changed**", "new", "same", "same"]
     assert len(rows) == 7
     grid = fixtures.matrix(tmp_path).splitlines()
     assert grid[0] == "| releases | FLASH_ATTN<br>auto | FLASHINFER<br>nvfp4 |"
-    assert grid[2:] == ["| 0.20.2 | kv-first ×2 | — |", "| 0.26.0 – 0.27.1 | packed ×1 | head-split ×1 |"]
+    assert grid[2:] == ["| 0.20.2 | kv-first ×2 | — |", "| 0.26.0 – 0.27.1 | packed ×1 | head-slots ×1 |"]
 
 
 # The committed fixtures themselves.

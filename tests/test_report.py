@@ -271,7 +271,7 @@ def test_cache_dtypes_get_their_own_matrix_and_geometries_name_their_backends(tm
     root = tmp_path / "results"
     add(root, "0.33.0", "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN", "PLANTED"))
     add(root, "0.33.0", "packed:B.N.H.C@fp8_e4m3", "differs", diagnosis="1 of 8 differ", repro="REPRO fp8")
-    add(root, "0.33.0", "head-split:B.S.N.D@nvfp4", "unsupported", diagnosis="cache dtype nvfp4 not supported")
+    add(root, "0.33.0", "head-slots:B.S.N.D@nvfp4", "unsupported", diagnosis="cache dtype nvfp4 not supported")
     data = report.fold(results.read(merged(root)))
     assert {d: dict(c) for d, c in data["cache_dtypes"]["builtin"]["0.33.0"].items()} == {
         "auto": {"bit-identical": 1}, "fp8_e4m3": {"differs": 1}, "nvfp4": {"unsupported": 1}}

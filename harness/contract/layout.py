@@ -9,7 +9,7 @@ FAMILIES: dict[tuple[str, ...], str] = {
     ("B", "KV", "N", "H", "D"): "blocks-first",
     ("B", "H", "N", "C"): "packed",
     ("B", "N", "H", "C"): "packed-tokens",
-    ("B", "S", "N", "D"): "head-split",
+    ("B", "S", "N", "D"): "head-slots",
     ("B", "N", "R"): "latent",
     ("B", "H", "N", "R"): "latent",
 }
@@ -50,7 +50,7 @@ class Layout:
 
     @property
     def family(self) -> str:
-        """kv-first, blocks-first, packed, packed-tokens, head-split or latent."""
+        """kv-first, blocks-first, packed, packed-tokens, head-slots or latent."""
         return FAMILIES[self.logical]
 
     @property
