@@ -23,7 +23,7 @@ CHEAP_FACTOR = 5  # examples of a check that launches nothing, per example of on
 class Check:
     """One check: its name in result lines, the subject capabilities it needs (harness.subjects), what its examples
     launch, its items' place in a run, the strategies of its examples and of its own argument, explicit examples
-    that always run first, whether the subject is asked `supports(case)` first, and what its words mean."""
+    that always run first, and what its words mean."""
 
     name: str
     needs: frozenset[str] = frozenset()
@@ -32,7 +32,6 @@ class Check:
     strategy: str = ""  # (contracts, sizes) -> examples; "": harness.strategies.examples
     explicit: str = ""  # (contract, sizes) -> [(example, extra)] that always run first
     extra: str = ""  # () -> the strategy of the check's own argument; "": none
-    asks_subject: bool = True
     says: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
     module: str = ""  # its suite module under conformance/ ("" when another records it)
 
@@ -40,6 +39,16 @@ class Check:
     def kernels(self) -> bool:
         """Its examples launch the subject's kernels."""
         return self.launches == "subject"
+
+    @property
+    def hands_cache(self) -> bool:
+        """It hands the subject a layer's kv_cache, so the subject's `supports_layer(layer)` is asked first."""
+        return bool(self.needs & {"split", "transfer"})
+
+    @property
+    def asks_case(self) -> bool:
+        """It runs the subject's forwards, so the subject's `supports(case)` is asked first."""
+        return "forward" in self.needs
 
     @property
     def budget(self) -> int:
@@ -50,14 +59,17 @@ class Check:
 INSTALL = Check("install", order=0)
 CONTRACTS = Check("contracts", order=1, module="test_contracts")
 DRIFT = Check("drift", order=1, says={"bit-identical": "no drift", "differs": "drift"})
-SPLIT_AGREES = Check("split-agrees", frozenset({"split"}), asks_subject=False, module="test_split",
+SPLIT_AGREES = Check("split-agrees", frozenset({"split"}), module="test_split",
                      says={"bit-identical": "agrees", "differs": "disagrees"})
-REJECTS_MALFORMED = Check("rejects-malformed", frozenset({"split"}), asks_subject=False, module="test_malformed",
+REJECTS_MALFORMED = Check("rejects-malformed", frozenset({"split"}), module="test_malformed",
                           extra="harness.strategies:malformations")
 TRANSFER = Check("transfer", frozenset({"transfer"}), strategy="harness.transfer:examples",
                  explicit="harness.transfer:explicit", extra="harness.transfer:seeds", module="test_transfer")
+RELAYOUT = Check("relayout", frozenset({"transfer"}), strategy="harness.transfer:examples",
+                 explicit="harness.transfer:explicit", extra="harness.transfer:seeds", module="test_relayout",
+                 says={"bit-identical": "values kept", "rejected": "refused", "differs": "values moved"})
 KV_CHECKS = Check("K/V checks", order=1)  # the not-applicable lines of geometries no K/V check covers
-VLLM_WRITE = Check("vllm-write", launches="vllm", order=1, asks_subject=False, module="test_vllm_write")
+VLLM_WRITE = Check("vllm-write", launches="vllm", order=1, module="test_vllm_write")
 ORACLE = Check("oracle", frozenset({"forward"}), launches="subject", order=2, module="test_oracle",
                says={"differs": "out of tolerance"})  # its items are the longest: they start first
 BIT_IDENTITY = Check("bit-identity", frozenset({"split", "forward"}), launches="subject", order=3,
@@ -67,7 +79,7 @@ DETERMINISM = Check("determinism", frozenset({"split", "forward"}), launches="su
 ULP_AUTOTUNED = Check("ulp-autotuned", frozenset({"split", "forward"}), launches="subject", order=3)  # bench only
 
 # In the order a reader follows a release: could it be installed and read, then the layout, then the kernels.
-CHECKS = (INSTALL, CONTRACTS, DRIFT, SPLIT_AGREES, REJECTS_MALFORMED, TRANSFER, KV_CHECKS, BIT_IDENTITY,
+CHECKS = (INSTALL, CONTRACTS, DRIFT, SPLIT_AGREES, REJECTS_MALFORMED, TRANSFER, RELAYOUT, KV_CHECKS, BIT_IDENTITY,
           DETERMINISM, ORACLE, VLLM_WRITE, ULP_AUTOTUNED)
 KERNEL_CHECKS = tuple(c.name for c in CHECKS if c.kernels)
 BY_NAME = {c.name: c for c in CHECKS}

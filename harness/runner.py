@@ -10,9 +10,11 @@ Anything the subject returns or raises is the subject's outcome; `harness-error`
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import json
 import os
+import shlex
 import sys
 import threading
 import time
@@ -25,7 +27,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import checks, compiles, devices, findings, fixtures, limits, results, vllm_api
+from harness import checks, compiles, devices, findings, fixtures, limits, matrix, profiles, results, vllm_api
 from harness.checks import Check
 from harness.cache import Paging, filled, read
 from harness.cases import SPARSITY_MODES
@@ -64,10 +66,19 @@ class ReleaseContracts:
     recording: Recording | None = field(default=None, compare=False, repr=False)  # replay: the stand-ins' source
 
     def describe(self) -> str:
+        """How the contracts were read, and their distinct geometries by family, with the backends that hand them
+        (every geometry by name: docs/contracts.md, or `python -m harness.fixtures table`)."""
         if self.error:
             return f"{self.release}: contract-error: {self.error}"
         how = "live probe of the installed vLLM" if self.source == "live" else "replay of the recorded fixture"
-        return f"{self.release}: {how}, {len(self.contracts)} contracts: {', '.join(c.name for c in self.contracts)}"
+        kinds: dict[str, tuple[set[Contract], dict[str, None]]] = {}
+        for c in self.contracts:
+            kind = f"{c.family}{'+diffkv' if c.diff_kv else ''}{'' if c.cache_dtype == 'auto' else '@' + c.cache_dtype}"
+            geometries, backends = kinds.setdefault(kind, (set(), {}))
+            geometries.add(c)
+            backends[c.origin.backend_name] = None
+        return (f"{self.release}: {how}, {len(self.contracts)} contracts in {len(set(self.contracts))} geometries: "
+                + ", ".join(f"{kind} x{len(g)} ({', '.join(b)})" for kind, (g, b) in kinds.items()))
 
 
 def vllm_installed() -> bool:
@@ -107,7 +118,24 @@ def releases_asked(asked: list[str], contracts_dir: Path) -> list[str]:
         from harness.probe import release
 
         asked = [release()]
-    return [r for a in asked for r in (fixtures.releases(contracts_dir) if a == "recorded" else [a])]
+    names = [r for a in asked for r in (fixtures.releases(contracts_dir) if a == "recorded" else [a])]
+    if not vllm_installed():
+        recorded = fixtures.releases(contracts_dir)
+        for name in names:
+            if name not in recorded:
+                raise ValueError(f"vllm {name} has no recording in {contracts_dir} (recorded: {', '.join(recorded)}); "
+                                 f"to check it: {_how_to_record(name)}")
+    return names
+
+
+def _how_to_record(name: str) -> str:
+    try:
+        matrix.get(name)
+    except matrix.UnknownRelease:
+        return f"add it to kvconform's matrix.toml, then run `nox -s probe -- {name}` in a kvconform checkout"
+    except OSError:  # an installed kvconform ships its recordings, not matrix.toml
+        pass
+    return f"run `nox -s probe -- {name}` in a kvconform checkout (or install vllm=={name} and run live)"
 
 
 @dataclass
@@ -130,6 +158,7 @@ class Session:
     backends: tuple[str, ...] = ()  # attention backends whose contracts are checked (empty: every recorded one)
     cache_dtypes: tuple[str, ...] = ()  # cache dtypes likewise
     run: str = ""  # the run's id (harness.results.new_run_id), in every line it writes
+    seed: int = 0  # what every item's draws derive from (item_seed)
     say: Callable[[str], None] = field(default=lambda text: print(text, file=sys.__stderr__, flush=True), repr=False)
     warming: object = None  # the warm-up thread (controller), True in a worker whose controller started one
     warm_error: str = ""
@@ -175,19 +204,48 @@ class Session:
         """Why the subject cannot read release `r`'s caches of `c` (its own word), None when it can."""
         return supports_layer(self.subject, self.subject_name, layer_of(r, c, dims, dtype), self.capabilities)
 
-    def not_checked(self) -> list[str]:
-        """What of this session the subject is not checked on, by reason: its declared backends and what
-        supports_layer refuses, for the run's first lines."""
+    def coverage(self) -> list[str]:
+        """Per release, what of its recorded contracts this run checks and what it leaves out, with counts and why
+        (the backends and cache dtypes asked for, the subject's own `backends`, caches no K/V check takes, what
+        its supports_layer refuses); then the checks the subject declares no capability for."""
+        served = getattr(self.subject, "backends", None)
         out = []
-        if self.backends and getattr(self.subject, "backends", None):
-            out.append(f"only the backends it names: {', '.join(self.backends)} (its `backends`)")
-        why: dict[str, list[str]] = {}
-        for t in targets(self):
-            reason = self.supports(t.release, t.contract)
-            if reason:
-                why.setdefault(reason, []).append(f"{t.release.release} {t.contract.name}")
-        out += [f"{len(where)} geometries ({', '.join(where[:3])}{', ...' if len(where) > 3 else ''}): {reason}"
-                for reason, where in why.items()]
+        for r in self.releases:
+            left: dict[str, list[Contract]] = {}
+            for c in r.contracts:
+                b = c.origin.backend_name
+                why = ("not asked for (--kvconform-backend)" if self.backends and b not in self.backends else
+                       f"not among the backends {self.subject_name} names ({', '.join(served)})"
+                       if served is not None and b not in served else
+                       "cache dtype not asked for (--kvconform-cache-dtype)"
+                       if self.cache_dtypes and c.cache_dtype not in self.cache_dtypes else "")
+                if why:
+                    left.setdefault(why, []).append(c)
+            chosen = dict.fromkeys(t.contract for t in targets(self) if t.release is r)
+            kernels = FORWARD in self.capabilities
+            outside: dict[str, list[str]] = {}
+            for c in dict.fromkeys(c for c in r.contracts if self.selects(c)):
+                reason = _outside(c) or (_outside(c, checks.BIT_IDENTITY) if kernels else "")
+                if reason:
+                    outside.setdefault(reason, []).append(c.name)
+            refused: dict[str, list[str]] = {}
+            for c in chosen:
+                reason = self.supports(r, c)
+                if reason:
+                    refused.setdefault(reason, []).append(c.name)
+            checked = sum(1 for c in r.contracts if self.selects(c))
+            parts = [f"{len(cs)} contracts of {_count_by(c.origin.backend_name for c in cs)}: {why}"
+                     for why, cs in left.items()]
+            parts += [f"{len(names)} geometries ({_listed(names)}): {reason}" for reason, names in outside.items()]
+            parts += [f"{len(names)} geometries ({_listed(names)}): unsupported, by its supports_layer: {reason}"
+                      for reason, names in refused.items()]
+            line = (f"{r.release}: {self.subject_name} meets {checked} of its {len(r.contracts)} contracts "
+                    f"({len(chosen)} geometries)")
+            out.append(line + ("; not checked: " + "; ".join(parts) if parts else "; every one is checked"))
+        lacking = [c.name for c in checks.CHECKS if c.module and c.needs and missing(self, c.needs)]
+        if lacking:
+            out.append(f"{self.subject_name} declares {', '.join(sorted(self.capabilities))}: {', '.join(lacking)} "
+                       "need more (one not-applicable line per release each)")
         return out
 
     def warm_behind(self, gpus: list[str], processes: int) -> bool:
@@ -295,6 +353,7 @@ class Session:
             lines.append(f"kvconform {r.release} ({r.source}) {self.subject_name}: "
                          + ", ".join(f"{n} {word}" for word, n in sorted(counts.items())) + f" -> {path}")
             lines += [f"  STALE {x.known}: {x.diagnosis}" for x in rows if x.outcome == results.STALE]
+        lines += [f"kvconform {line}" for line in self.coverage()]
         by_check: dict[str, list[results.Result]] = {}
         for x in ran:
             if x.seconds:
@@ -322,10 +381,63 @@ def start(subject_spec: str, asked: list[str], contracts_dir: Path, results_dir:
         raise ValueError(f"backend(s) {', '.join(unknown)} not among the session releases' contracts "
                          f"({', '.join(sorted(recorded))})")
     return Session(subject.name, subject_spec, subject, releases, known, results_dir, regressions_dir, worker, args,
-                   device, run=run, capabilities=caps, backends=tuple(backends),
+                   device, run=run, seed=run_seed(run), capabilities=caps, backends=tuple(backends),
                    cache_dtypes=tuple(cache_dtype(n).name for n in cache_dtypes))
 
 
+
+
+def _count_by(names) -> str:
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{n} ({k})" for n, k in counts.items())
+
+
+def _listed(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f", ... {len(names) - shown} more" if len(names) > shown else "")
+
+
+def run_seed(run: str) -> int:
+    """The seed of a run's draws: --hypothesis-seed when given, 0 under a derandomized profile (ci, find), else one
+    taken from the run's id (the header prints it: --hypothesis-seed=N draws the same examples again)."""
+    if hypothesis.core.global_force_seed is not None:
+        return int(hypothesis.core.global_force_seed)
+    if settings.default.derandomize:
+        return 0
+    return int(hashlib.sha1(run.encode()).hexdigest()[:8], 16)
+
+
+def item_seed(seed: int, check: str, target: Target) -> int:
+    """The seed of one item's draws: from the run's seed, the check and the (release, geometry, sparsity mode) alone,
+    so that an item draws the same examples whether its release is installed or replayed, whatever the subject,
+    and items of one run draw different ones."""
+    key = f"{seed}|{check}|{target.release.release}|{target.geometry}|{target.mode}"
+    return int(hashlib.sha1(key.encode()).hexdigest()[:16], 16)
+
+
+def examples_per_item(check: Check, max_examples: int, mode: str = "") -> int:
+    """Generated examples of one item of `check` (its explicit ones come on top): the profile's max_examples times
+    the check's budget, shared out among the sparsity modes when its items take one mode each (the oracle's)."""
+    count = max_examples * check.budget
+    return -(-count // len(SPARSITY_MODES)) if mode else count
+
+
+def plan(session: Session, max_examples: int) -> str:
+    """The examples each geometry gets per check in this session, as the items will draw them."""
+    sample = next(iter(targets(session)), None)
+    parts = []
+    for c in checks.CHECKS:
+        if not c.module or c.name == checks.CONTRACTS.name or missing(session, c.needs):
+            continue
+        if c.name == checks.ORACLE.name:
+            parts.append(f"{c.name} {examples_per_item(c, max_examples, 'none')} in each of {len(SPARSITY_MODES)} "
+                         "sparsity modes, once per session")
+            continue
+        explicit = len(checks.resolve(c.explicit)(sample.contract, session.sizes)) if c.explicit and sample else 0
+        parts.append(f"{c.name} {examples_per_item(c, max_examples)}" + (f" + {explicit} explicit" if explicit else "")
+                     + (" (vLLM's own CUDA op: live on CUDA only)" if c.launches == "vllm" else ""))
+    return "; ".join(parts)
 
 
 def layer_of(r: ReleaseContracts, contract: Contract, dims: Dims, dtype: torch.dtype) -> Layer:
@@ -370,29 +482,54 @@ def record_not_applicable(session: Session, check: Check) -> int:
 @dataclass(frozen=True)
 class Target:
     """One release and one of its geometries; `label` names a check that uses no cache (the oracle's "dense"),
-    `mode` the one sparsity mode its cases take (any when empty)."""
+    `mode` the one sparsity mode its cases take (any when empty), `peer` the geometry of another layout setting of
+    the same release and backend that the relayout check moves blocks into."""
 
     release: ReleaseContracts
     contract: Contract
     label: str = ""
     mode: str = ""
+    peer: Contract | None = None
 
     @property
     def geometry(self) -> str:
+        if self.peer is not None:
+            return f"{self.contract.name}->{self.peer.name}"
         return self.label or self.contract.name
 
     @property
     def described(self) -> Contract | None:
-        """The geometry its result lines describe (none for a check that uses no cache)."""
+        """The geometry its result lines describe (none for a check that uses no cache; a relayout's source)."""
         return None if self.label else self.contract
 
 
 def targets(session: Session, check: Check | None = None) -> list[Target]:
     """Every (release, geometry) of the session's backends and cache dtypes, one per distinct geometry (backends
     handing a layer the same geometry share it), K/V caches only (`outside`); diff-KV caches only for checks that
-    launch no kernel (`check` None: every geometry some check takes)."""
+    launch no kernel (`check` None: every geometry some check takes). The relayout check's are pairs (peers)."""
+    if check is checks.RELAYOUT:
+        return relayout_targets(session)
     return [Target(r, c) for r in session.releases
             for c in dict.fromkeys(c for c in r.contracts if session.selects(c) and not _outside(c, check))]
+
+
+def relayout_targets(session: Session) -> list[Target]:
+    """Pairs of geometries one release hands a layer of one backend, cache dtype and layer arrangement under two
+    layout settings (VLLM_KV_CACHE_LAYOUT NHD/HND, or KVCacheLayout members): each geometry of such a group is the
+    source of one pair and the target of another (the group in a cycle), a pair several backends share once."""
+    out: list[Target] = []
+    for r in session.releases:
+        groups: dict[tuple, dict[Contract, None]] = {}
+        for c in r.contracts:
+            if session.selects(c) and not _outside(c):
+                groups.setdefault((c.origin.backend_name, c.cache_dtype, c.shared), {})[c] = None
+        pairs: dict[tuple[Contract, Contract], None] = {}
+        for group in groups.values():
+            ring = list(group)
+            for i, c in enumerate(ring if len(ring) > 1 else ()):
+                pairs.setdefault((c, ring[(i + 1) % len(ring)]), None)
+        out += [Target(r, a, peer=b) for a, b in pairs]
+    return out
 
 
 def _outside(c: Contract, check: Check | None = None) -> str:
@@ -439,23 +576,25 @@ class Regression:
 
 def regressions(session: Session, check: str) -> list[Regression]:
     """Every kept failing example of `check` found on this kind of device (a GPU-sized example is not replayed by
-    the CPU interpreter), once per session release whose selected targets have its geometry (any of its
-    geometries, for a check that uses no cache)."""
+    the CPU interpreter), bound to each session target of the check with its geometry (that release's own contract
+    of it: its layer is that release's setting and backend), or, for a check that uses no cache, to each session
+    release with the example's geometry."""
     out = []
-    selected: dict[str, set[str]] = {r.release: set() for r in session.releases}
-    for t in targets(session):
-        selected[t.release.release].add(t.contract.name)
+    by_geometry: dict[str, list[Target]] = {}
+    for t in targets(session, checks.get(check)):
+        by_geometry.setdefault(t.geometry, []).append(t)
     for path in sorted((session.regressions_dir / session.subject_name).glob(f"{check}-*.json")):
         body = json.loads(path.read_text())
         if body.get("device", _device_kind(session.device)) != _device_kind(session.device):
             continue
         ex = Example.from_json(json.dumps(body["example"]))
-        label = body["geometry"] if body["geometry"] != ex.contract.name else ""
-        # Bound to each release's own contract of the geometry: its layer is that release's (setting, backend).
+        digest = path.stem.split("-")[-1]
+        if body["geometry"] in by_geometry or body["geometry"] == ex.contract.name:
+            out += [Regression(t, ex, body.get("extra"), digest) for t in by_geometry.get(body["geometry"], [])]
+            continue
         own = {r.release: next((c for c in r.contracts if c.name == ex.contract.name), None) for r in session.releases}
-        out += [Regression(Target(r, own[r.release], label), ex, body.get("extra"), path.stem.split("-")[-1])
-                for r in session.releases
-                if own[r.release] is not None and (label or ex.contract.name in selected[r.release])]
+        out += [Regression(Target(r, own[r.release], body["geometry"]), ex, body.get("extra"), digest)
+                for r in session.releases if own[r.release] is not None]
     return out
 
 
@@ -581,6 +720,11 @@ class Runner:
         target = self._running[0]
         return layer_of(target.release, target.contract, ex.dims, ex.case.torch_dtype)
 
+    def peer(self, ex: Example) -> tuple[Contract, Layer]:
+        """The running relayout target's second geometry and the layer its release hands with it."""
+        target = self._running[0]
+        return target.peer, layer_of(target.release, target.peer, ex.dims, ex.case.torch_dtype)
+
     def call(self, fn, *args):
         """Call into the subject; its ContractError is a contract-error, anything else it raises a subject-error.
         A call handed a layer runs with that layer's release in force (harness.layer.in_force). On CUDA the call
@@ -600,14 +744,21 @@ class Runner:
                 raise Poisoned(Outcome(Word.SUBJECT_ERROR, f"{type(e).__name__}: {e}; {POISONED} ({why})")) from e
             raise Verdict(Outcome(Word.SUBJECT_ERROR, f"{type(e).__name__}: {e}")) from e
 
+    def subject_split(self, kv_cache: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
+        """The subject's split of `kv_cache`: its (K, V) pair of tensors; anything else it returns is its
+        subject-error, naming what it returned."""
+        got = self.call(self.subject.split, kv_cache, layer)
+        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+            what = (f"a {type(got).__name__} of {len(got)} ({', '.join(type(t).__name__ for t in got)})"
+                    if isinstance(got, (tuple, list)) else f"a {type(got).__name__}")
+            raise Verdict(Outcome(Word.SUBJECT_ERROR, f"split of kv_cache {tuple(kv_cache.shape)} returned {what}, "
+                                                      "not a (K, V) pair of tensors"))
+        return got
+
     def split(self, p: Prepared, ex: Example) -> tuple[torch.Tensor, torch.Tensor]:
         """The subject's K and V views of the prepared cache, for a kernel check. NotRun when they do not read the
         tokens written where the contract says: kernels over them could only restate split-agrees' finding."""
-        got = self.call(self.subject.split, p.kv_cache, self.layer(ex))
-        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
-            what = f"{len(got)} values" if isinstance(got, (tuple, list)) else type(got).__name__
-            raise NotRun(f"the subject's split of kv_cache {tuple(p.kv_cache.shape)} returned {what}, not a (K, V) "
-                         "pair of tensors")
+        got = self.subject_split(p.kv_cache, self.layer(ex))
         want = ex.contract.split(p.kv_cache, ex.dims)
         for name, a, b in zip("KV", got, want):
             if a.shape != b.shape or a.dtype != b.dtype:
@@ -628,17 +779,16 @@ class Runner:
         sizes = self.s.sizes
         strategy = (checks.resolve(check.strategy)([target.contract], sizes) if check.strategy else
                     examples([target.contract], sizes, cases(sizes, target.mode) if target.mode else None))
-        count = (self.max_examples or settings.default.max_examples) * check.budget
-        if target.mode:
-            count = -(-count // len(SPARSITY_MODES))
+        count = examples_per_item(check, self.max_examples or settings.default.max_examples, target.mode)
 
         @settings(max_examples=count)
         @given(ex=strategy, extra=checks.resolve(check.extra)() if check.extra else st.none())
         def generated(ex: Example, extra) -> None:
-            self._one(target, check.name, fn, ex, extra, state, check.asks_subject)
+            self._one(target, check, fn, ex, extra, state)
 
         for ex, value in (checks.resolve(check.explicit)(target.contract, sizes) if check.explicit else ()):
             generated = hypothesis.example(ex=ex, extra=value)(generated)
+        generated = hypothesis.seed(item_seed(self.s.seed, check.name, target))(generated)
 
         return self._limited(target, check.name, state, generated)
 
@@ -646,7 +796,7 @@ class Runner:
         """Run one stored regression example."""
         state = Settled()
         return self._limited(regression.target, check.name, state, lambda: self._one(
-            regression.target, check.name, fn, regression.example, regression.extra, state, check.asks_subject))
+            regression.target, check, fn, regression.example, regression.extra, state))
 
     def _limited(self, target: Target, check: str, state: Settled, body) -> Settled:
         try:
@@ -683,19 +833,16 @@ class Runner:
         self._running = (target, check, ex, extra)
         return self
 
-    def _one(self, target: Target, check: str, fn, ex: Example, extra, state: Settled, needs_subject: bool) -> None:
-        self.running(target, check, ex, extra)
+    def _one(self, target: Target, check: Check, fn, ex: Example, extra, state: Settled) -> None:
+        name = check.name
+        self.running(target, name, ex, extra)
         start = time.perf_counter()
         try:
-            supports = getattr(self.subject, "supports", None)  # optional outside kernels
-            reason = self.call(supports, ex.case) if needs_subject and supports is not None else None
-            if needs_subject and not reason:
-                reason = self.call(supports_layer, self.subject, self.s.subject_name, self.layer(ex),
-                                   self.s.capabilities)
+            reason = self.unsupported(check, ex)
             if reason:
                 state.unsupported.add(reason)
                 if state.failure is None:
-                    self._record(target, check, ex, extra, Outcome(Word.UNSUPPORTED, reason))
+                    self._record(target, name, ex, extra, Outcome(Word.UNSUPPORTED, reason))
                 return
             outcome = fn(self, ex, extra)
         except Verdict as v:
@@ -703,10 +850,10 @@ class Runner:
         except NotRun as e:
             state.not_run.add(str(e))
             if state.failure is None:
-                self._record(target, check, ex, extra, Outcome(Word.NOT_RUN, str(e)))
+                self._record(target, name, ex, extra, Outcome(Word.NOT_RUN, str(e)))
             return
         except Poisoned as p:
-            self._end_process(target, check, ex, extra, p.outcome)
+            self._end_process(target, name, ex, extra, p.outcome)
         except Exception as e:
             state.failure = (ex, extra, Outcome(Word.HARNESS_ERROR, f"{type(e).__name__}: {e}"))
             raise
@@ -714,13 +861,30 @@ class Runner:
         known = None
         if not outcome.word.passing:
             known = findings.match(self.s.findings, target.release.release, target.geometry,
-                                   ex.case.sparsity.mode, check, outcome.word)
+                                   ex.case.sparsity.mode, name, outcome.word)
             if known is None:
                 state.failure = (ex, extra, outcome)
-                raise NewFinding(f"{outcome.word.value}: {outcome.diagnosis}\n{self.repro(target, check, ex, extra)}")
+                raise NewFinding(f"{outcome.word.value}: {outcome.diagnosis}\n{self._unshrunk()}"
+                                 f"{self.repro(target, name, ex, extra)}")
             state.known[known.id] = known
         if state.failure is None:  # examples tried while shrinking a failure are not results
-            self._record(target, check, ex, extra, outcome, known.id if known else "", time.perf_counter() - start)
+            self._record(target, name, ex, extra, outcome, known.id if known else "", time.perf_counter() - start)
+
+    def _unshrunk(self) -> str:
+        """Under a profile that does not shrink, the line that gets this item's shrunk example."""
+        if profiles.shrinks():
+            return ""
+        return (f"the first failing example found, not shrunk ({settings.get_current_profile_name()}); the shrunk "
+                f"one: pytest {shlex.quote(self.item)} {self.s.args} --hypothesis-profile=kvconform-ci\n")
+
+    def unsupported(self, check: Check, ex: Example) -> str | None:
+        """Why the subject does not take this example, by its own word (None when it does): a check that runs its
+        forwards asks `supports(case)`, one that hands it a layer's cache asks `supports_layer(layer)`."""
+        supports = getattr(self.subject, "supports", None)  # optional outside kernels
+        reason = self.call(supports, ex.case) if check.asks_case and supports is not None else None
+        if check.hands_cache and not reason:
+            reason = self.call(supports_layer, self.subject, self.s.subject_name, self.layer(ex), self.s.capabilities)
+        return reason
 
     def _end_process(self, target: Target, check: str, ex: Example, extra, outcome: Outcome) -> None:
         self._record(target, check, ex, extra, outcome)

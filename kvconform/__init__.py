@@ -49,8 +49,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--kvconform-known-findings", default=None,
                 help="folder of known-findings files, <subject>.toml (default: the ones kvconform ships)")
     g.addoption("--kvconform-regressions-dir", default=None,
-                help="where shrunk failing examples are kept and replayed from (default: ./kvconform-regressions, "
-                     "or fixtures/regressions in kvconform's own checkout)")
+                help="where shrunk failing examples are kept and replayed from (default: <results dir>/regressions; "
+                     "kvconform's own subjects in its own checkout: fixtures/regressions)")
     g.addoption("--kvconform-workers-per-gpu", type=int, default=None,
                 help="on CUDA the suites run in pytest-xdist workers, this many per visible GPU, each pinned to "
                      "one GPU (env KVCONFORM_WORKERS_PER_GPU; default 8); -n overrides")
@@ -64,6 +64,11 @@ def pytest_cmdline_main(config: pytest.Config):
         from harness import profiles
 
         profiles.register()
+        if config.getoption("hypothesis_profile", None):
+            try:
+                profiles.check_named(config.getoption("hypothesis_profile"))
+            except ValueError as e:
+                raise pytest.UsageError(str(e)) from None
         plugin = KvconformPlugin(config)
         config.pluginmanager.register(plugin, PLUGIN)
         plugin.size_xdist()
@@ -140,10 +145,15 @@ class KvconformPlugin:
         device = devices.settle(worker, int(config.workerinput["workercount"]) if worker else 1,
                                 bool(getattr(config.option, "numprocesses", None)))
         if not config.getoption("hypothesis_profile", None):  # hypothesis' own option wins
-            profiles.load(device)
+            try:
+                profiles.load(device)
+            except ValueError as e:
+                raise pytest.UsageError(str(e)) from None
         spec = config.getoption("kvconform_subject") or os.environ.get("KVCONFORM_SUBJECT", "builtin")
         contracts = Path(config.getoption("kvconform_contracts_dir") or fixtures.ROOT)
-        regressions = Path(config.getoption("kvconform_regressions_dir") or _default_regressions(config))
+        results_dir = Path(config.getoption("kvconform_results_dir") or Path.cwd() / "results")
+        regressions = Path(config.getoption("kvconform_regressions_dir") or _default_regressions(config, spec,
+                                                                                                   results_dir))
         args = [f"--kvconform-release={r}" for r in config.getoption("kvconform_release")]
         args.append(f"--kvconform-subject={spec}")
         args += [f"--kvconform-{o.replace('_', '-')}={v}" for o in ("backend", "cache_dtype")
@@ -153,8 +163,7 @@ class KvconformPlugin:
                 args.append(f"--kvconform-{opt.replace('_', '-')}={config.getoption(f'kvconform_{opt}')}")
         try:
             session = runner.start(
-                spec, config.getoption("kvconform_release"), contracts, Path(config.getoption("kvconform_results_dir")
-                                                                              or Path.cwd() / "results"),
+                spec, config.getoption("kvconform_release"), contracts, results_dir,
                 regressions, Path(config.getoption("kvconform_known_findings") or findings.DIRECTORY), device,
                 f"{self.run}-{worker or 'main'}", " ".join(shlex.quote(a) for a in args),
                 tuple(config.getoption("kvconform_backend")), tuple(config.getoption("kvconform_cache_dtype")),
@@ -177,12 +186,16 @@ class KvconformPlugin:
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         from hypothesis import settings
 
+        from harness import profiles, runner
+
         s = self.session
-        profile, name = settings.default, settings.get_current_profile_name()
-        return [f"kvconform: subject {s.subject_name} on {s.device}, hypothesis profile {name} "
-                f"(max_examples {config.getoption('kvconform_max_examples') or profile.max_examples}, "
-                f"deadline {profile.deadline})"] + [f"kvconform release {r.describe()}" for r in s.releases] + [
-            f"kvconform {s.subject_name} is not checked on {line}" for line in s.not_checked()]
+        n = config.getoption("kvconform_max_examples") or settings.default.max_examples
+        shrink = "failing examples shrunk" if profiles.shrinks() else "no shrinking: a failing item stops at its first"
+        return [f"kvconform: subject {s.subject_name} on {s.device}, hypothesis profile "
+                f"{settings.get_current_profile_name()} ({shrink}), seed {s.seed} (--hypothesis-seed={s.seed} draws "
+                "these examples again, live or replayed)",
+                f"kvconform examples per geometry: {runner.plan(s, n)}; stored regressions first"] + [
+            f"kvconform release {r.describe()}" for r in s.releases] + [f"kvconform {line}" for line in s.coverage()]
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -305,9 +318,16 @@ def _check_options(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--kvconform-timeout={t:g}: takes seconds >= 0 (0: no limit)")
 
 
-def _default_regressions(config: pytest.Config) -> Path:
-    own = Path(__file__).resolve().parent.parent / "fixtures" / "regressions"  # kvconform's own checkout
-    return own if own.is_dir() and Path(config.rootpath) == own.parent.parent else Path.cwd() / "kvconform-regressions"
+def _default_regressions(config: pytest.Config, subject: str, results_dir: Path) -> Path:
+    """kvconform's own subjects in its own checkout keep their regressions under fixtures/ (committed guards); every
+    other subject's go to the results folder, never into kvconform's checkout."""
+    from harness.subjects import own
+
+    checkout = Path(__file__).resolve().parent.parent
+    guards = checkout / "fixtures" / "regressions"
+    if own(subject) and guards.is_dir() and Path(config.rootpath) == checkout:
+        return guards
+    return results_dir / "regressions"
 
 
 def _check_of(module) -> object | None:
