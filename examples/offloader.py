@@ -31,21 +31,12 @@ class Offloader:
     capabilities = frozenset({"split", "transfer"})
 
     def split(self, kv_cache, layer):
-        axes = _asked_axes(layer)
-        if not _fits(kv_cache, layer, axes):
+        axes = asked_axes(layer)
+        if not fits(kv_cache, layer, axes):
             raise ValueError(f"kv_cache shape {tuple(kv_cache.shape)} strides {tuple(kv_cache.stride())} is not a "
                              f"{'.'.join(axes)} cache of {layer.backend.get_name()} in vLLM {layer.release} "
                              f"(layout {layer.kv_cache_layout or 'default'})")
-        kv_cache = _typed(kv_cache, layer)
-        if "KV" in axes:
-            t = kv_cache.permute([axes.index(a) for a in ("KV", "B", "N", "H", "D")])
-            return t[0], t[1]
-        if "S" in axes:  # two head slots per head: K's heads, then V's
-            t = kv_cache.permute([axes.index(a) for a in ("B", "N", "S", "D")])
-            return t[:, :, : layer.num_kv_heads], t[:, :, layer.num_kv_heads:]
-        t = kv_cache.permute([axes.index(a) for a in ("B", "N", "H", "C")])
-        half = t.shape[-1] // 2
-        return t[..., :half], t[..., half:]
+        return views(kv_cache, layer, axes)
 
     def extract(self, kv_cache, layer, block_ids):
         k, v = self.split(kv_cache, layer)
@@ -57,14 +48,28 @@ class Offloader:
         v[block_ids] = payload[1].to(kv_cache.device)
 
 
-def _typed(kv_cache, layer):
+def views(kv_cache, layer, axes):
+    """K and V [B, N, H, D] of a cache whose axes are named `axes`, in the cache's view type."""
+    kv_cache = typed(kv_cache, layer)
+    if "KV" in axes:
+        t = kv_cache.permute([axes.index(a) for a in ("KV", "B", "N", "H", "D")])
+        return t[0], t[1]
+    if "S" in axes:  # two head slots per head: K's heads, then V's
+        t = kv_cache.permute([axes.index(a) for a in ("B", "N", "S", "D")])
+        return t[:, :, : layer.num_kv_heads], t[:, :, layer.num_kv_heads:]
+    t = kv_cache.permute([axes.index(a) for a in ("B", "N", "H", "C")])
+    half = t.shape[-1] // 2
+    return t[..., :half], t[..., half:]
+
+
+def typed(kv_cache, layer):
     """vLLM allocates fp8 caches as bytes and reads them as fp8."""
     if layer.cache_dtype.startswith("fp8"):
         return kv_cache.view(torch.float8_e5m2 if "e5m2" in layer.cache_dtype else torch.float8_e4m3fn)
     return kv_cache
 
 
-def _ask(layer, num_blocks, block_size, heads, head_size):
+def ask(layer, num_blocks, block_size, heads, head_size):
     fn = layer.backend.get_kv_cache_shape
     args = (num_blocks, block_size, heads, head_size)
     if "cache_dtype_str" in inspect.signature(fn).parameters:
@@ -72,14 +77,14 @@ def _ask(layer, num_blocks, block_size, heads, head_size):
     return tuple(fn(*args))
 
 
-def _asked_axes(layer) -> tuple[str, ...]:
+def asked_axes(layer) -> tuple[str, ...]:
     """Axis names of the layer's kv_cache: B, N, H (or S, two slots per head), D (or C, K and V side by side), KV."""
     if not hasattr(layer.backend, "get_kv_cache_shape"):
         return ("B", "S", "N", "D") if layer.cache_dtype == "nvfp4" else ("B", "H", "N", "C")
     bs, h, d = layer.block_size, layer.num_kv_heads, layer.head_size
-    base = _ask(layer, SENTINEL_BLOCKS, bs, h, d)
-    moved = {"B": _ask(layer, SENTINEL_BLOCKS + 1, bs, h, d), "N": _ask(layer, SENTINEL_BLOCKS, 2 * bs, h, d),
-             "H": _ask(layer, SENTINEL_BLOCKS, bs, h + 1, d), "D": _ask(layer, SENTINEL_BLOCKS, bs, h, 2 * d)}
+    base = ask(layer, SENTINEL_BLOCKS, bs, h, d)
+    moved = {"B": ask(layer, SENTINEL_BLOCKS + 1, bs, h, d), "N": ask(layer, SENTINEL_BLOCKS, 2 * bs, h, d),
+             "H": ask(layer, SENTINEL_BLOCKS, bs, h + 1, d), "D": ask(layer, SENTINEL_BLOCKS, bs, h, 2 * d)}
     names = []
     for i, size in enumerate(base):
         changed = [a for a, other in moved.items() if other[i] != size]
@@ -96,12 +101,12 @@ def _asked_axes(layer) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _fits(kv_cache, layer, axes) -> bool:
+def fits(kv_cache, layer, axes) -> bool:
     """The tensor is the cache the backend describes: its shape, innermost stride 1, axes in the stated order."""
     if kv_cache.dim() != len(axes) or kv_cache.stride()[-1] != 1:
         return False
     if hasattr(layer.backend, "get_kv_cache_shape"):
-        want = _ask(layer, kv_cache.shape[axes.index("B")], layer.block_size, layer.num_kv_heads, layer.head_size)
+        want = ask(layer, kv_cache.shape[axes.index("B")], layer.block_size, layer.num_kv_heads, layer.head_size)
         if tuple(kv_cache.shape) != want:
             return False
     elif "S" in axes:
@@ -110,13 +115,13 @@ def _fits(kv_cache, layer, axes) -> bool:
     elif (kv_cache.shape[1], kv_cache.shape[2]) != (layer.num_kv_heads, layer.block_size) or kv_cache.shape[3] % 2 \
             or (layer.cache_dtype == "auto" and kv_cache.shape[3] != 2 * layer.head_size):
         return False
-    order = _stated_order(layer, axes)
+    order = stated_order(layer, axes)
     long = [a for a, n in zip(axes, kv_cache.shape) if n > 1]
     by_stride = sorted(long, key=lambda a: -kv_cache.stride()[axes.index(a)])
     return order is None or by_stride == [a for a in order if a in long]
 
 
-def _stated_order(layer, axes):
+def stated_order(layer, axes):
     """The axes outermost first as the release states them, None where it states no order."""
     if not hasattr(layer.backend, "get_kv_cache_shape"):
         from vllm.v1.kv_cache_layout import KVCacheLayout
@@ -140,10 +145,10 @@ class BlocksFirstConnector(Offloader):
     name = "example-blocks-first-connector"
 
     def split(self, kv_cache, layer):
-        first = _ask(layer, 1, layer.block_size, layer.num_kv_heads, layer.head_size)[0]
+        first = ask(layer, 1, layer.block_size, layer.num_kv_heads, layer.head_size)[0]
         if kv_cache.dim() != 5:
             raise ValueError(f"kv_cache shape {tuple(kv_cache.shape)}: expected 5 axes")
-        kv_cache = _typed(kv_cache, layer)
+        kv_cache = typed(kv_cache, layer)
         return (kv_cache[:, 0], kv_cache[:, 1]) if first == 1 else (kv_cache[0], kv_cache[1])
 
 
@@ -153,7 +158,7 @@ class ShapeSniffingReader(Offloader):
     name = "example-shape-sniffing-reader"
 
     def split(self, kv_cache, layer):
-        kv_cache = _typed(kv_cache, layer)
+        kv_cache = typed(kv_cache, layer)
         if kv_cache.dim() == 4:  # [B, H, N, 2D]
             half = kv_cache.shape[-1] // 2
             return kv_cache[..., :half].transpose(1, 2), kv_cache[..., half:].transpose(1, 2)

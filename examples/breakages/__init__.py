@@ -1,0 +1,19 @@
+"""The year's public KV-layout breakages as kvconform subjects: one small consumer per report, deciding the layout
+as the broken code did, beside a twin that decides as its fix does. They import nothing from kvconform (the shared
+machinery is the example offloader's, `examples/offloader.py`); tests/test_breakages.py states where each must be
+caught and where it must pass, over every recorded release.
+
+    PYTHONPATH=examples python -m pytest --pyargs kvconform.suites --kvconform-release recorded \\
+        --kvconform-subject breakages.flexkv_187:SizeTwoAtOne -k split_agrees
+
+| module | report | the broken decision | caught by |
+|---|---|---|---|
+| lmcache_4463 | LMCache #4463 (fix #4467) | an axis of size 2 is the K/V pair, else K and V are halves of the innermost | split-agrees |
+| flexkv_187 | FlexKV #187 | `KvFirst`: K, V = kv_cache[0], kv_cache[1]; `SizeTwoAtOne` (the fix): shape[1] == 2 is blocks-first | split-agrees |
+| kvcached_424 | kvcached #424 | get_kv_cache_shape asked without cache_dtype_str | split-agrees |
+| vllm_55904 | vLLM #55904 | a block moved as its bytes, in memory order, between two layout settings | relayout |
+| lmcache_4729 | LMCache #4729 | the memory order from get_kv_cache_layout(), NHD where the release has none | split-agrees |
+| dynamo_12750 | Dynamo #12750 | a layer-separate cache read as [2, num_blocks, page]: outer and block strides from sizes | split-agrees |
+| nixl_hetero_tp | vLLM test_hetero_tp_layout_bug | heads outside tokens in memory (HND), whatever the stride order says | split-agrees |
+| vllm_49011 | vLLM #49011 | an NVFP4 cache's page read head-major (K's heads, then V's, each token-minor) | split-agrees |
+"""

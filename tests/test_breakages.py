@@ -1,0 +1,169 @@
+"""The breakage gallery (examples/breakages): each consumer is caught by kvconform's checks exactly where its rule
+says, over every recorded release, and each twin nowhere.
+
+A rule is stated from the contract (kvconform's model of what the release hands out), the layer (what a consumer is
+handed) and the example's sizes, never from running the consumer: True where the consumer must be caught. Every
+recorded geometry (every release, backend and cache dtype) is checked at the sizes where shapes are ambiguous (2
+KV heads, 2 blocks, block size == head size) and at plainer ones (1 KV head, 5 blocks), each example through the
+check's own function (conformance/), as the suites run it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from harness import checks, findings, fixtures, runner
+from harness.cases import Case
+from harness.layer import Layer
+from harness.runner import NewFinding, Regression
+from harness.strategies import Example
+from kvconform.suites import test_relayout, test_split, test_transfer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from breakages import (dynamo_12750, flexkv_187, kvcached_424, lmcache_4463, lmcache_4729,  # noqa: E402
+                       nixl_hetero_tp, vllm_49011, vllm_55904)
+
+SUITES = {checks.SPLIT_AGREES: test_split.check, checks.TRANSFER: test_transfer.check,
+          checks.RELAYOUT: test_relayout.check}
+SIZES = [(kv_heads, blocks) for kv_heads in (2, 1) for blocks in (2, 5)]  # (KV heads, num_blocks)
+BLOCK = HEAD = 64  # block size == head size
+
+
+def _shown(c, dims, axes) -> list[str]:
+    """`axes` without those of size 1 at `dims` (they address nothing)."""
+    return [a for a in axes if c.size(a, dims) > 1]
+
+
+def _memory(c, dims) -> list[str]:
+    """The layer's axes in memory order as a consumer addressing it from its first element meets them: its
+    contract's physical order without the axes of size 1, and without L where L is outermost (each layer's view is
+    then a contiguous block)."""
+    order = _shown(c, dims, c.physical)
+    return order[1:] if order[:1] == ["L"] else order
+
+
+def _heads_outside(logical, outside: bool) -> list[str]:
+    order = list(logical)
+    n, h = order.index("N"), order.index("H" if "H" in order else "S")
+    if (h < n) != outside:
+        order[n], order[h] = order[h], order[n]
+    return order
+
+
+def _recorded_hint(layer: Layer) -> str | None:
+    """get_kv_cache_layout()'s recorded answer under the layer's setting; None where it has none or refused."""
+    module = (layer.recording.api["modules"].get("vllm.v1.attention.backends.utils") or {})
+    if "get_kv_cache_layout" not in module.get("names", {}):
+        return None
+    env = layer.kv_cache_layout if layer.kv_cache_layout in ("NHD", "HND") else None
+    answer = next(a for a in module["answers"] if a["call"] == "get_kv_cache_layout" and a["env"] == env)
+    return answer.get("result")
+
+
+def size_two_is_kv(layer, c, dims, peer) -> bool:
+    # The first axis of size 2 ahead of the innermost is read as the K/V pair.
+    first = next((a for a in c.logical[:-1] if c.size(a, dims) == 2), None)
+    if len(c.logical) == 5:
+        return first != "KV"
+    if c.logical == ("B", "S", "N", "D"):
+        return first != "S"  # S has size 2 with one KV head: its two slots are K and V
+    if c.logical == ("B", "H", "N", "C"):
+        return first is not None or (c.diff_kv and dims.v_dim != dims.head_dim)
+    return True  # packed-tokens [B, N, H, C]: neither reading fits
+
+
+# (consumer, check) -> where it must be caught. Written before the gallery was first run.
+RULES = {
+    (lmcache_4463.SizeTwoIsKV, checks.SPLIT_AGREES): size_two_is_kv,
+    (flexkv_187.KvFirst, checks.SPLIT_AGREES): lambda layer, c, dims, peer: c.family != "kv-first",
+    (flexkv_187.SizeTwoAtOne, checks.SPLIT_AGREES):
+        lambda layer, c, dims, peer: c.family == "kv-first" and dims.num_blocks == 2,
+    # A side's stored row is wider than the head (an inline scale, NVFP4's packing) where get_kv_cache_shape is asked.
+    (kvcached_424.WithoutCacheDtype, checks.SPLIT_AGREES):
+        lambda layer, c, dims, peer: hasattr(layer.backend, "get_kv_cache_shape")
+        and c.dtype.width(dims.head_dim) != dims.head_dim,
+    # A raw block is right where both settings order a block's memory alike (the axes inside B, L, of size > 1).
+    (vllm_55904.RawBlocks, checks.RELAYOUT):
+        lambda layer, c, dims, peer: [a for a in _shown(c, dims, c.physical) if a not in ("L", "B")]
+        != [a for a in _shown(peer, dims, peer.physical) if a not in ("L", "B")],
+    (vllm_55904.RawBlocks, checks.TRANSFER): lambda layer, c, dims, peer: False,
+    (lmcache_4729.LayoutHint, checks.SPLIT_AGREES):
+        lambda layer, c, dims, peer: _memory(c, dims)
+        != _shown(c, dims, _heads_outside(c.logical, _recorded_hint(layer) == "HND")),
+    (dynamo_12750.OuterContiguous, checks.SPLIT_AGREES):
+        lambda layer, c, dims, peer: "KV" not in c.logical
+        or _memory(c, dims) != _shown(c, dims, ["KV", "B"] + [a for a in c.physical if a not in ("L", "KV", "B")]),
+    (nixl_hetero_tp.HeadsOutsideTokens, checks.SPLIT_AGREES):
+        lambda layer, c, dims, peer: _memory(c, dims) != _shown(c, dims, _heads_outside(c.logical, True)),
+    (vllm_49011.HeadMajorNvfp4, checks.SPLIT_AGREES):
+        lambda layer, c, dims, peer: "S" in c.logical
+        and _memory(c, dims) != _shown(c, dims, _heads_outside(c.logical, True)),
+}
+TWINS = {lmcache_4463.StatedLayout: checks.SPLIT_AGREES, flexkv_187.AskedKVAxis: checks.SPLIT_AGREES,
+         kvcached_424.WithCacheDtype: checks.SPLIT_AGREES, vllm_55904.ViewBlocks: checks.RELAYOUT,
+         lmcache_4729.StatedLayout: checks.SPLIT_AGREES, dynamo_12750.ShapeDetected: checks.SPLIT_AGREES,
+         nixl_hetero_tp.StrideOrdered: checks.SPLIT_AGREES, vllm_49011.StatedNvfp4: checks.SPLIT_AGREES}
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("breakages")
+    return runner.start("builtin", ["recorded"], fixtures.ROOT, tmp / "results", tmp / "regressions",
+                        findings.DIRECTORY, "cpu", "test", "")
+
+
+def _examples(target):
+    c = target.contract
+    layers = (2, 1) if c.shared or (target.peer is not None and target.peer.shared) else (1, 0)
+    for kv_heads, blocks in SIZES:
+        case = Case((BLOCK + 1,), (BLOCK + 1,), kv_heads, kv_heads, HEAD, BLOCK, "bfloat16", seed=blocks)
+        yield Example(case, c, blocks, *layers, page_order="reversed")
+
+
+def _verdicts(session, subject, check):
+    """(release, geometry, kv heads, blocks) -> (caught, what the rule says) over every target of the check."""
+    s = dataclasses.replace(session, subject=subject(), subject_name=subject.name,
+                            capabilities=frozenset({"split", "transfer"}))
+    rule = RULES.get((subject, check), lambda *_: False)
+    out = {}
+    for target in runner.targets(s, check):
+        run = runner.Runner(s, "test")
+        for ex in _examples(target):
+            run.running(target, check.name, ex, 0)
+            layer = run.layer(ex)
+            try:
+                run.replay(Regression(target, ex, 0, ex.digest()), check, SUITES[check])
+                caught = False
+            except NewFinding:
+                caught = True
+            out[(target.release.release, target.geometry, ex.case.kv_heads, ex.num_blocks)] = (
+                caught, bool(rule(layer, target.contract, ex.dims, target.peer)))
+    return out
+
+
+def _table(verdicts) -> str:
+    caught = Counter(r for (r, *_), (got, _) in verdicts.items() if got)
+    return ", ".join(f"{r} {n}" for r, n in caught.items()) or "nowhere"
+
+
+@pytest.mark.parametrize("subject, check", list(RULES), ids=lambda x: getattr(x, "__name__", getattr(x, "name", x)))
+def test_each_breakage_is_caught_exactly_where_its_rule_says(session, subject, check):
+    verdicts = _verdicts(session, subject, check)
+    mismatches = sorted(k for k, (got, want) in verdicts.items() if got != want)
+    assert not mismatches, (len(mismatches), mismatches[:10])
+    caught = [k for k, (got, _) in verdicts.items() if got]
+    if not (subject is vllm_55904.RawBlocks and check is checks.TRANSFER):
+        assert caught, f"{subject.__name__} is caught nowhere: its rule says nothing"
+    print(f"{subject.__name__} {check.name}: caught on {len(caught)} of {len(verdicts)} examples ({_table(verdicts)})")
+
+
+@pytest.mark.parametrize("twin", list(TWINS), ids=lambda t: t.__name__)
+def test_each_twin_passes_everywhere(session, twin):
+    verdicts = _verdicts(session, twin, TWINS[twin])
+    caught = sorted(k for k, (got, _) in verdicts.items() if got)
+    assert verdicts and not caught, caught[:10]
