@@ -24,6 +24,7 @@ from pathlib import Path
 
 from harness import cells, changes, checks, specific
 from harness.cells import MARKS, Mark, says
+from harness.matrix import version_key
 from harness.results import STALE, Result, read
 
 # Checks in their declared order (harness.checks): could a release be installed and read, the layout, the kernels.
@@ -36,12 +37,6 @@ FIRST_GROUPS = 6  # kinds of new finding on the first screen; the rest under Det
 REPROS_SHOWN = 2  # REPRO lines per kind; all of them are in report.json's new_findings
 ROW_REPROS = 3  # REPRO lines a drill-down row keeps (distinct, of its new and known findings)
 SHOWN = 20  # entries per list of changes or specific failures on the page; all of them are in report.json
-
-
-def _release_key(release: str):
-    from harness.matrix import version_key
-
-    return version_key(release)
 
 
 @dataclass(frozen=True)
@@ -126,7 +121,7 @@ def fold(rows: list[Result], since: Path | None = None) -> dict:
     known = Counter((r.known, r.release, r.geometry, r.check, r.outcome)
                     for r in rows if r.known and r.outcome != STALE)
     unsupported = Counter((r.subject, r.diagnosis) for r in rows if r.outcome == "unsupported")
-    releases = sorted({r.release for r in rows}, key=_release_key)
+    releases = sorted({r.release for r in rows}, key=version_key)
     first: dict[str, int] = {}  # a family's or geometry's first release: read in the order vLLM introduced them
     for r in rows:
         for key in {family.get(r.geometry, r.geometry), r.geometry}:

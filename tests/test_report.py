@@ -4,8 +4,12 @@ counted beside it, red with any new finding; a known finding never hides a new o
 hand-written result lines."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -476,3 +480,35 @@ def test_the_page_is_one_offline_file_with_a_drill_down_per_cell_and_filters(tmp
     assert [p.text for p in row.iter("pre")] == ["REPRO differs 0.9.2"]
     other = next(tr for tr in rows if tr.get("data-backends") == "FLASH_ATTN")
     assert [p.text for p in other.iter("pre")] == ["REPRO second"]
+
+
+# What `nox -s report` runs on nox's own interpreter: torch, hypothesis and numpy made unimportable, and every module
+# the report imports checked to be the standard library's (tomli: harness.matrix's TOML parser on Python 3.10).
+_BARE = """
+import runpy, sys
+for name in ("torch", "hypothesis", "numpy"):
+    sys.modules[name] = None
+before = set(sys.modules)
+sys.argv = ["python -m harness.report", *sys.argv[1:]]
+try:
+    runpy.run_module("harness.report", run_name="__main__", alter_sys=True)
+finally:
+    allowed = {*sys.stdlib_module_names, "harness", *(("tomli",) if sys.version_info < (3, 11) else ())}
+    extra = sorted({m.split(".")[0] for m in set(sys.modules) - before} - allowed)
+    print("imported beyond the standard library:", extra, file=sys.stderr)
+"""
+
+
+def test_the_report_command_imports_only_the_standard_library(tmp_path):
+    root = tmp_path / "results"
+    add(root, "0.25.1", "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
+    add(root, "0.33.0", "packed:B.H.N.C", "differs", backends=("FLASH_ATTN",), diagnosis="1 of 8 differ")
+    merged(root)
+    repo = Path(report.__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", _BARE, str(root)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert "imported beyond the standard library: []" in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr
+    assert (root / "report.md").read_text().startswith("# kvconform conformance report\n\n**RED: 1 new finding")
+    assert (root / "report.html").is_file() and json.loads((root / "report.json").read_text())["releases"] == [
+        "0.25.1", "0.33.0"]
