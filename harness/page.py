@@ -170,7 +170,8 @@ def _runs(data: dict) -> str:
     """The runs folded, as the markdown's Runs section."""
     out = [f"<h2>Runs folded ({len(data['runs'])})</h2><table id=\"runs\"><tr>"
            + "".join(f"<th>{_h(h)}</th>" for h in report.RUNS_HEAD) + "</tr>"]
-    out += ["<tr>" + "".join(f'<td class="words">{_h(c)}</td>' for c in row) + "</tr>" for row in report.runs_table(data)]
+    out += ["<tr>" + "".join(f'<td class="words">{_h(c)}</td>' for c in row) + "</tr>"
+            for row in report.runs_table(data)]
     out.append("</table>")
     if any(r["partial"] for r in data["runs"]):
         out.append(f'<p class="legend">{_h(report.RUNS_NOTE)}</p>')
@@ -238,8 +239,8 @@ def html_page(data: dict) -> str:
             cs = data["checks"][subject].get(release, {})
             tds = [_cell(cs.get(check, {}), check, {"subject": subject, "release": release, "check": check})
                    for check in columns]
-            out.append(f'<tr><td class="rel">{_h(release)}</td><td class="src">{_h(report.source(data, subject, release))}'
-                       "</td>" + "".join(tds) + "</tr>")
+            out.append(f'<tr><td class="rel">{_h(release)}</td><td class="src">'
+                       f"{_h(report.source(data, subject, release))}</td>" + "".join(tds) + "</tr>")
         out.append("</table>")
         if columns := report.dtype_columns(data, subject):
             out.append(f'<h3>{_h(subject)}: release × cache dtype</h3><table id="d{n}"><tr><th>release</th>'
@@ -252,6 +253,11 @@ def html_page(data: dict) -> str:
             out.append("</table>")
         out.append("</section>")
     out.append(_rows(data))
+    if data["api_changes"]:
+        out.append(f'<h2>{_h(report.API_TITLE)}</h2><p class="legend">{_h(report.API_NOTE)}</p><ul id="api">'
+                   + "".join(f"<li><b>{_h(a['release'])}</b> (against {_h(a['before'])}): "
+                             + " · ".join(f"{_h(k)}: {_h(t)}" for k, t in a["said"].items()) + "</li>"
+                             for a in data["api_changes"]) + "</ul>")
     out.append("<h2>Known findings (green, reported)</h2><ul>" + ("".join(
         f"<li>{_h(i)}: {_h(c)} {_h(o)} on {_h(rs)}, x{n:,}</li>" for i, c, o, rs, n in report.known(data))
         or "<li>none</li>") + "</ul>")

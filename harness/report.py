@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import cells, changes, checks, specific
+from harness import api_history, cells, changes, checks, specific
 from harness.cells import MARKS, Mark, says
 from harness.matrix import version_key
 from harness.results import STALE, Result, read
@@ -104,12 +104,14 @@ def run_text(data: dict, r: dict) -> str:
     return f"run {r['run']} ({'/'.join(r['sources'])}, {releases}, {r['last'][:10] or 'time unknown'}, {lines})"
 
 
-def fold(rows: list[Result], since: Path | None = None, left_out: Iterable[Result] = ()) -> dict:
+def fold(rows: list[Result], since: Path | None = None, left_out: Iterable[Result] = (),
+         recordings: Path = api_history.ROOT) -> dict:
     """The report as data: the runs folded, per subject a release x geometry, a release x check and a release x cache
     dtype matrix of word counts, the drill-down rows (subject, release, check, geometry, backends, cache dtype), each
     key's outcome class, the lists to act on, and, given the previous report.json `since`, what changed since it (a
     ValueError naming the file when it cannot be read or is not one). `left_out`: the lines of runs not folded (not
-    named by --run), listed as such."""
+    named by --run), listed as such. `recordings`: where the layout API changes of the releases are read from
+    (harness.api_history; a ValueError naming a recording that is not JSON)."""
     def table() -> dict[str, dict[str, dict[str, Counter]]]:  # subject -> release -> column -> word counts
         return defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
 
@@ -184,6 +186,10 @@ def fold(rows: list[Result], since: Path | None = None, left_out: Iterable[Resul
     data["specific"] = _as_json([asdict(x) for x in specific.find(classes, {
         specific.RELEASE: releases, "check": list(CHECK_ORDER), specific.BACKEND: sorted(backends),
         specific.CACHE_DTYPE: dtype_order})])
+    data["api_changes"] = [{"release": s.release, "before": s.before,
+                            "said": {k: t for k in api_history.KINDS if (t := api_history.said(s, k))},
+                            "changes": _as_json([asdict(c) for c in s.changes])}
+                           for s in api_history.history(recordings, releases) if s.changes]
     data["verdict"] = verdict(data)
     if since is not None:
         data["changes"] = _as_json(asdict(changes.compare(changes.load(since), data, since)))
@@ -306,6 +312,9 @@ def runs_table(data: dict) -> list[list[str]]:
     return out
 
 
+API_TITLE = "Layout API changes: what a consumer can call"
+API_NOTE = ("Against the recorded release before each release here: names of vLLM's layout modules and backend members "
+            "that appeared, disappeared or changed signature or value (every release's: docs/releases.md).")
 RUNS_HEAD = ("run", "subject", "contracts from", "releases", "lines", "checks", "written")
 RUNS_NOTE = ("partial: the lines of its releases come from more than one run (a narrower run re-checked some items, "
              "an earlier run's other lines stay); `python -m harness.report --run ID` folds only the runs named.")
@@ -523,6 +532,10 @@ def markdown(data: dict) -> str:
             lines.append(f"| {release} | {source(data, subject, release)} | "
                          + " | ".join(md_cell(cs.get(check, {})) for check in cols) + " |")
         lines += _md_dtypes(data, subject)
+    if data["api_changes"]:
+        lines += ["", f"## {API_TITLE}", "", API_NOTE, ""]
+        lines += [f"- **{a['release']}** (against {a['before']}): "
+                  + " · ".join(f"{k}: {t}" for k, t in a["said"].items()) for a in data["api_changes"]]
     lines += ["", "## Known findings (green, reported)", ""]
     lines += [f"- {i}: {c} {o} on {rs}, x{n:,}" for i, c, o, rs, n in known(data)] or ["none"]
     lines += ["", "## Stale known findings (applied, did not happen: remove or narrow them)", ""]

@@ -592,3 +592,54 @@ def test_run_folds_only_the_named_runs_and_names_the_others(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == f"python -m harness.report: --run nope: no such run under {root}; its runs: A, Y, X\n"
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_layout_api_changes_of_the_releases_covered_are_listed_and_none_means_no_section(tmp_path):
+    root = tmp_path / "results"
+    for release in ("0.28.0", "0.29.0"):
+        add(root, release, "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
+    data = fold(root)
+    assert [(a["release"], a["before"]) for a in data["api_changes"]] == [("0.28.0", "0.27.1"), ("0.29.0", "0.28.0")]
+    md = report.markdown(data)
+    section = md.split(f"\n## {report.API_TITLE}\n\n", 1)[1].split("\n\n## ", 1)[0].split("\n\n")
+    assert section[0] == report.API_NOTE
+    lines = section[1].splitlines()
+    assert lines[0] == ("- **0.28.0** (against 0.27.1): new: customize_spec (all 6 backends) · value: "
+                        "FLASHINFER.supported_kv_cache_dtypes gains nvfp4_4over6")
+    assert lines[1].startswith("- **0.29.0** (against 0.28.0): gone: vllm.v1.attention.backends.utils."
+                               "get_kv_cache_layout, vllm.v1.attention.backends.utils.set_kv_cache_layout; "
+                               "get_kv_cache_shape, get_kv_cache_stride_order, get_required_kv_cache_layout "
+                               "(all 6 backends) · new: module vllm.v1.kv_cache_layout, ")
+    assert md.index("## Where") < md.index(report.API_TITLE) < md.index("## Known findings")
+    tree = ET.fromstring(page.html_page(data))
+    items = ["".join(li.itertext()) for li in tree.find(".//ul[@id='api']")]
+    assert items == [line.removeprefix("- ").replace("**", "") for line in lines]
+    unchanged = tmp_path / "unchanged"
+    for release in ("0.30.0", "0.31.0"):  # the same layout API as the release before each
+        add(unchanged, release, "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
+    data = fold(unchanged)
+    assert data["api_changes"] == [] and report.API_TITLE not in report.markdown(data)
+    assert report.API_TITLE not in page.html_page(data)
+
+
+def test_the_layout_api_section_reads_the_recordings_it_is_given(tmp_path):
+    recordings = tmp_path / "recordings"
+    recordings.mkdir()
+    backend = {"present": True, "module": "m", "class": "C", "module_names": [], "answers": [],
+               "members": {"get_kv_cache_shape": {"kind": "staticmethod", "signature": "(num_blocks: int)"}}}
+    for release, signature in (("0.1.0", "(num_blocks: int)"), ("0.2.0", "(num_blocks: int, cache_dtype_str: str)")):
+        api = {"format": 1, "modules": {}, "backends": {"B": {**backend, "members": {"get_kv_cache_shape": {
+            "kind": "staticmethod", "signature": signature}}}}}
+        (recordings / f"{release}.json").write_text(json.dumps({"release": release, "contracts": [], "api": api}))
+    root = tmp_path / "results"
+    add(root, "0.2.0", "packed:B.H.N.C", "bit-identical")
+    data = report.fold(results.read(merged(root)), recordings=recordings)
+    assert data["api_changes"] == [{"release": "0.2.0", "before": "0.1.0",
+                                    "said": {"signature": "B.get_kv_cache_shape gains cache_dtype_str: str"},
+                                    "changes": [{"kind": "signature", "name": "get_kv_cache_shape",
+                                                 "backends": ["B"], "detail": "gains cache_dtype_str: str"}]}]
+    assert "\n- **0.2.0** (against 0.1.0): signature: B.get_kv_cache_shape gains cache_dtype_str: str\n" in (
+        report.markdown(data))
+    (recordings / "0.1.0.json").write_text("{broken")
+    with pytest.raises(ValueError, match=r"recordings/0\.1\.0\.json: not a recording: invalid JSON"):
+        report.fold(results.read(root), recordings=recordings)
