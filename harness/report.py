@@ -589,13 +589,13 @@ def main(argv: list[str]) -> int:
         if not rows:
             print(f"no results under {args.results} (expected <release>/results.jsonl)", file=sys.stderr)
             return 1
-        known = {r["run"] for r in runs(rows)}
+        known = [r["run"] for r in runs(rows)]
         if unknown := [x for x in args.run if x not in known]:
             raise ValueError(f"--run {', '.join(unknown)}: no such run under {args.results}; its runs: "
-                             + ", ".join(r["run"] for r in runs(rows)))
+                             + ", ".join(known))
         chosen = set(args.run or known)
         data = fold([r for r in rows if r.run in chosen], args.since, [r for r in rows if r.run not in chosen])
-    except ValueError as e:  # a result line or a previous report this kvconform cannot read: it names the file
+    except ValueError as e:  # a line, report or recording this kvconform cannot read (it names the file), or a --run
         print(f"python -m harness.report: {e}", file=sys.stderr)
         return 2
     out = args.out or args.results
