@@ -7,7 +7,8 @@
     nox -s replay                                 conformance suites over every recorded fixture, no vLLM (CPU CI)
     nox -s probe -- 0.32.0 0.33.0 [--check]       record (or check for drift) contracts of chosen releases
     nox -s nightly                                vLLM main from matrix.toml's [nightly] index (or KVCONFORM_NIGHTLY_INDEX)
-    nox -s report | bench | bench_suites | mutants
+    nox -s report                                 fold results/ into report.md, .html, .json (installs nothing)
+    nox -s bench | bench_suites | mutants
 
 Each release's session runs on the newest python on PATH in the range matrix.toml gives the release (harness.matrix
 chooses it; `python -m harness.matrix --pythons` shows the choices); a release with none there fails its session as
@@ -251,11 +252,12 @@ def _timed_install(session: nox.Session, r: matrix.Release, python: matrix.Inter
     return time.perf_counter() - start
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def report(session: nox.Session) -> None:
-    """Fold results/*/results.jsonl into the release x geometry matrix (results/report.md, report.json)."""
-    session.install("-e", ".")
-    session.run("python", "-m", "harness.report", "results", *session.posargs)
+    """Fold results/*/results.jsonl into results/report.md, report.html and report.json. Installs nothing: the
+    report imports only the standard library, so nox's own interpreter runs it from the repository root."""
+    session.run(sys.executable, "-m", "harness.report", "results", *session.posargs, env={"PYTHONPATH": str(ROOT)},
+                external=True)
 
 
 @nox.session

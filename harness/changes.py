@@ -16,6 +16,7 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 
 from harness import cells
+from harness.matrix import version_key
 
 REPORT_SCHEMA = 1  # of report.json; a report of another schema is refused by `load`
 
@@ -156,7 +157,7 @@ def compare(old: dict, new: dict, since: Path) -> Changes:
 
     geo_old, geo_new = present(before, "geometry"), present(now, "geometry")
     be_old, be_new = present(before, "backend"), present(now, "backend")
-    order = sorted(new_releases | old_releases, key=_release_key)
+    order = sorted(new_releases | old_releases, key=version_key)
     return Changes(
         since=str(since), since_verdict=str(old.get("verdict", "")),
         new_failures=_grouped(new_failures, repros), fixes=_grouped(fixes, repros),
@@ -167,9 +168,3 @@ def compare(old: dict, new: dict, since: Path) -> Changes:
         geometries_appeared=diff(geo_new, geo_old), geometries_vanished=diff(geo_old, geo_new),
         backends_appeared=diff(be_new, be_old), backends_vanished=diff(be_old, be_new),
         gone_stale=diff(_stale(new), _stale(old)))
-
-
-def _release_key(release: str):
-    from harness.matrix import version_key
-
-    return version_key(release)

@@ -4,7 +4,8 @@ A recording keeps the symbolic contracts (what conformance replays without vLLM)
 observations (the shapes, stride orders and write landings that the contracts were read from), for audit.
 
 `python -m harness.fixtures table` prints the contract table across releases, backends and cache dtypes (markdown);
-`python -m harness.fixtures matrix` the same folded to release ranges x (backend, cache dtype).
+`python -m harness.fixtures matrix` the same folded to release ranges x (backend, cache dtype);
+`python -m harness.fixtures api-changes` what a consumer can call, release by release (harness.api_history).
 Recordings made before backends and cache dtypes were probed read as FLASH_ATTN model-dtype contracts (a contract
 without `cache_dtype` / `diff_kv` fields is `auto` / equal head dims), so they replay unchanged.
 `python -m harness.fixtures main-from 0.33.0` records `main` as a labelled copy of that release's probe: the
@@ -17,13 +18,13 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from harness import api_history
+from harness.api_history import ROOT, releases  # where the recordings lie: the report reads them without torch
 from harness.contract import CACHE_DTYPES, Contract, ContractError
 
-ROOT = Path(str(resources.files("harness") / "recorded" / "contracts"))  # shipped as package data
 
 
 @dataclass(frozen=True)
@@ -57,13 +58,6 @@ class Recording:
 
 def path(release: str, root: Path = ROOT) -> Path:
     return root / f"{release}.json"
-
-
-def releases(root: Path = ROOT) -> list[str]:
-    """Releases with a recorded contract file, in version order (`main` last)."""
-    from harness.matrix import version_key
-
-    return sorted((p.stem for p in root.glob("*.json")), key=version_key)
 
 
 class BadRecording(ValueError):
@@ -254,10 +248,13 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["matrix"]:
         print(matrix())
         return 0
+    if argv[:1] == ["api-changes"]:
+        print(api_history.table())
+        return 0
     if argv[:1] == ["main-from"] and len(argv) == 2:
         print(f"recorded main as a copy of {main_from(argv[1]).observations['copied_from']}")
         return 0
-    print("usage: python -m harness.fixtures table | matrix | main-from RELEASE", file=sys.stderr)
+    print("usage: python -m harness.fixtures table | matrix | api-changes | main-from RELEASE", file=sys.stderr)
     return 2
 
 

@@ -166,6 +166,21 @@ def _filters(data: dict) -> str:
             + '<button type="button" id="f-clear">clear</button></div>')
 
 
+def _runs(data: dict) -> str:
+    """The runs folded, as the markdown's Runs section."""
+    out = [f"<h2>Runs folded ({len(data['runs'])})</h2><table id=\"runs\"><tr>"
+           + "".join(f"<th>{_h(h)}</th>" for h in report.RUNS_HEAD) + "</tr>"]
+    out += ["<tr>" + "".join(f'<td class="words">{_h(c)}</td>' for c in row) + "</tr>"
+            for row in report.runs_table(data)]
+    out.append("</table>")
+    if any(r["partial"] for r in data["runs"]):
+        out.append(f'<p class="legend">{_h(report.RUNS_NOTE)}</p>')
+    if data["left_out"]:
+        out.append("<p>Not folded (no <code>--run</code> names them): "
+                   + _h(", ".join(report.run_text(data, r) for r in data["left_out"])) + "</p>")
+    return "".join(out)
+
+
 def _rows(data: dict) -> str:
     """Every drill-down row: geometry x backends x cache dtype of a subject's release and check."""
     out = ['<div id="drill-home"></div><div id="drill"><h2>Rows</h2><p id="showing">every row</p><table id="rows">'
@@ -198,6 +213,7 @@ def html_page(data: dict) -> str:
         c = cells.cell(report.totals(data, subject))
         out.append(f'<p class="totals">{_h(subject)}: <b>{c.passed:,}/{c.total:,} passed</b> — '
                    + " ".join(f"{_html_mark(m, n)} {m.name}" for m, n in c.others) + "</p>")
+    out.append(_runs(data))
     if sections := report.change_sections(data):
         ch = data["changes"]
         out.append(f'<div class="changes"><h2>Since {_h(ch["since"])} ({_h(ch["since_verdict"])})</h2>'
@@ -223,8 +239,8 @@ def html_page(data: dict) -> str:
             cs = data["checks"][subject].get(release, {})
             tds = [_cell(cs.get(check, {}), check, {"subject": subject, "release": release, "check": check})
                    for check in columns]
-            out.append(f'<tr><td class="rel">{_h(release)}</td><td class="src">{_h(report.source(data, release))}'
-                       "</td>" + "".join(tds) + "</tr>")
+            out.append(f'<tr><td class="rel">{_h(release)}</td><td class="src">'
+                       f"{_h(report.source(data, subject, release))}</td>" + "".join(tds) + "</tr>")
         out.append("</table>")
         if columns := report.dtype_columns(data, subject):
             out.append(f'<h3>{_h(subject)}: release × cache dtype</h3><table id="d{n}"><tr><th>release</th>'
@@ -237,6 +253,11 @@ def html_page(data: dict) -> str:
             out.append("</table>")
         out.append("</section>")
     out.append(_rows(data))
+    if data["api_changes"]:
+        out.append(f'<h2>{_h(report.API_TITLE)}</h2><p class="legend">{_h(report.API_NOTE)}</p><ul id="api">'
+                   + "".join(f"<li><b>{_h(a['release'])}</b> (against {_h(a['before'])}): "
+                             + " · ".join(f"{_h(k)}: {_h(t)}" for k, t in a["said"].items()) + "</li>"
+                             for a in data["api_changes"]) + "</ul>")
     out.append("<h2>Known findings (green, reported)</h2><ul>" + ("".join(
         f"<li>{_h(i)}: {_h(c)} {_h(o)} on {_h(rs)}, x{n:,}</li>" for i, c, o, rs, n in report.known(data))
         or "<li>none</li>") + "</ul>")
@@ -245,7 +266,7 @@ def html_page(data: dict) -> str:
     out.append("<h2>Unsupported (the subject's reasons)</h2><ul>" + ("".join(
         f"<li>{_h(u['subject'])}: {_h(u['reason'])} x{u['count']:,}</li>" for u in data["unsupported"])
         or "<li>none</li>") + "</ul>")
-    out.append("<h2>Backends (as this run's result lines name them)</h2><ul>" + (
+    out.append("<h2>Backends (as the folded result lines name them)</h2><ul>" + (
         "".join(f"<li>{_h(b)}</li>" for b in report.backend_lines(data)) or "<li>none recorded</li>") + "</ul>")
     out.append("<h2>Details</h2>")
     if len(kinds) > report.FIRST_GROUPS:

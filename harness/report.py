@@ -1,14 +1,16 @@
 """Fold every session's results into a report read like a conformance dashboard: what broke, what changed since the
 last report, and where.
 
-`python -m harness.report results [--out DIR] [--since OLD/report.json]` reads results/<release>/results.jsonl and
-writes, into the results folder unless --out: report.md (the CI summary), report.html (the same report as one
-self-contained page with a drill-down per cell and filters, harness.page) and report.json (every count, and the
-keys a later report compares against). First a verdict, then what changed since OLD (harness.changes) when anything
-did, the new findings grouped by kind with their REPRO lines, the failures only one release, backend or cache dtype
-has (harness.specific), then per subject a release x check and a release x cache dtype matrix whose cells read
-passed/total (harness.cells); every outcome word with its count comes after, under Details. Outcome words are never
-folded together, and an outcome a known finding predicted is marked `[known]` (see docs/report.md).
+`python -m harness.report results [--out DIR] [--since OLD/report.json] [--run ID ...]` reads
+results/<release>/results.jsonl (only the lines of the runs named, with --run) and writes, into the results folder
+unless --out: report.md (the CI summary), report.html (the same report as one self-contained page with a drill-down
+per cell and filters, harness.page) and report.json (every count, and the keys a later report compares against).
+First a verdict (naming the runs it was folded from, when there are several) and the runs folded, each with its
+lines per release (partial: other runs' lines are among them), then what changed since OLD (harness.changes) when
+anything did, the new findings grouped by kind with their REPRO lines, the failures only one release, backend or
+cache dtype has (harness.specific), then per subject a release x check and a release x cache dtype matrix whose cells
+read passed/total (harness.cells); every outcome word with its count comes after, under Details. Outcome words are
+never folded together, and an outcome a known finding predicted is marked `[known]` (see docs/report.md).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import cells, changes, checks, specific
+from harness import api_history, cells, changes, checks, specific
 from harness.cells import MARKS, Mark, says
+from harness.matrix import version_key
 from harness.results import STALE, Result, read
 
 # Checks in their declared order (harness.checks): could a release be installed and read, the layout, the kernels.
@@ -36,12 +39,7 @@ FIRST_GROUPS = 6  # kinds of new finding on the first screen; the rest under Det
 REPROS_SHOWN = 2  # REPRO lines per kind; all of them are in report.json's new_findings
 ROW_REPROS = 3  # REPRO lines a drill-down row keeps (distinct, of its new and known findings)
 SHOWN = 20  # entries per list of changes or specific failures on the page; all of them are in report.json
-
-
-def _release_key(release: str):
-    from harness.matrix import version_key
-
-    return version_key(release)
+RUNS_NAMED = 4  # runs the verdict names; more are counted there and listed under Runs
 
 
 @dataclass(frozen=True)
@@ -82,25 +80,43 @@ def groups(data: dict) -> list[Group]:
 
 
 def verdict(data: dict) -> str:
-    """RED with how many new findings in how many releases, or GREEN: known and stale findings never make it red."""
+    """RED with how many new findings in how many releases, or GREEN: known and stale findings never make it red.
+    Folded from more than one run, it names them (up to RUNS_NAMED; more are counted, and listed under Runs)."""
     new = data["new_findings"]
     where = {r["release"] for r in new}
     if not new:
-        return f"GREEN: no new findings in {count(len(data['releases']), 'release')}"
-    return f"RED: {count(len(new), 'new finding')} in {count(len(where), 'release')}"
+        said = f"GREEN: no new findings in {count(len(data['releases']), 'release')}"
+    else:
+        said = f"RED: {count(len(new), 'new finding')} in {count(len(where), 'release')}"
+    folded = data["runs"]
+    if len(folded) <= 1:
+        return said
+    if len(folded) <= RUNS_NAMED:
+        return f"{said} — from {len(folded)} runs: " + ", ".join(run_text(data, r) for r in folded)
+    partial = sum(r["partial"] for r in folded)
+    return f"{said} — from {len(folded)} runs ({partial} partial): see Runs"
 
 
-def fold(rows: list[Result], since: Path | None = None) -> dict:
-    """The report as data: per subject a release x geometry, a release x check and a release x cache dtype matrix of
-    word counts, the drill-down rows (subject, release, check, geometry, backends, cache dtype), each key's outcome
-    class, the lists to act on, and, given the previous report.json `since`, what changed since it (a ValueError
-    naming the file when it cannot be read or is not one)."""
+def run_text(data: dict, r: dict) -> str:
+    """A run in a few words: `run ID (replay, 0.25.1, 2026-12-01, partial: 131 of 1,548 lines)`."""
+    lines = f"partial: {r['lines']:,} of {r['of']:,} lines" if r.get("partial") else count(r["lines"], "line")
+    releases = span(r["releases"], sorted({*data["releases"], *r["releases"]}, key=version_key))
+    return f"run {r['run']} ({'/'.join(r['sources'])}, {releases}, {r['last'][:10] or 'time unknown'}, {lines})"
+
+
+def fold(rows: list[Result], since: Path | None = None, left_out: Iterable[Result] = (),
+         recordings: Path = api_history.ROOT) -> dict:
+    """The report as data: the runs folded, per subject a release x geometry, a release x check and a release x cache
+    dtype matrix of word counts, the drill-down rows (subject, release, check, geometry, backends, cache dtype), each
+    key's outcome class, the lists to act on, and, given the previous report.json `since`, what changed since it (a
+    ValueError naming the file when it cannot be read or is not one). `left_out`: the lines of runs not folded (not
+    named by --run), listed as such. `recordings`: where the layout API changes of the releases are read from
+    (harness.api_history; a ValueError naming a recording that is not JSON)."""
     def table() -> dict[str, dict[str, dict[str, Counter]]]:  # subject -> release -> column -> word counts
         return defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
 
     matrix, by_check, dtypes = table(), table(), table()
-    sources: dict[str, set[str]] = defaultdict(set)
-    runs: dict[str, dict[str, str]] = defaultdict(dict)  # release -> run id -> when its last line was written
+    origins: dict[tuple[str, str], list[Result]] = defaultdict(list)  # (subject, release) -> its lines
     family: dict[str, str] = {}  # geometry -> its family as a column head (with its cache dtype), read off the lines
     backends: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # backend -> releases, geometries
     drill: dict[tuple, Counter] = defaultdict(Counter)
@@ -120,13 +136,12 @@ def fold(rows: list[Result], since: Path | None = None) -> dict:
         for b in r.backends:
             backends[b]["releases"].add(r.release)
             backends[b]["geometries"].add(r.geometry)
-        sources[r.release].add(r.source)
-        runs[r.release][r.run] = max(runs[r.release].get(r.run, ""), r.time)
+        origins[(r.subject, r.release)].append(r)
     new = [r for r in rows if cells.outcome_class(cells.word(r.outcome.value, r.known)) in cells.FAILING]
     known = Counter((r.known, r.release, r.geometry, r.check, r.outcome)
                     for r in rows if r.known and r.outcome != STALE)
     unsupported = Counter((r.subject, r.diagnosis) for r in rows if r.outcome == "unsupported")
-    releases = sorted({r.release for r in rows}, key=_release_key)
+    releases = sorted({r.release for r in rows}, key=version_key)
     first: dict[str, int] = {}  # a family's or geometry's first release: read in the order vLLM introduced them
     for r in rows:
         for key in {family.get(r.geometry, r.geometry), r.geometry}:
@@ -141,9 +156,10 @@ def fold(rows: list[Result], since: Path | None = None) -> dict:
     data = {
         "schema": changes.REPORT_SCHEMA,
         "releases": releases,
-        "sources": {k: sorted(v) for k, v in sources.items()},
-        "runs": {k: [{"run": run or "unknown", "time": t or "unknown"} for run, t in sorted(v.items())]
-                 for k, v in runs.items()},
+        "runs": runs(rows, {k: len(v) for k, v in origins.items()}),
+        "left_out": runs(list(left_out)),
+        "origins": {s: {rel: _origin(origins[(s, rel)]) for rel in releases if (s, rel) in origins}
+                    for s in sorted({s for s, _ in origins})},
         "geometries": geometries,
         "families": family,
         "orders": {r.geometry: r.order for r in rows if r.order},
@@ -170,10 +186,49 @@ def fold(rows: list[Result], since: Path | None = None) -> dict:
     data["specific"] = _as_json([asdict(x) for x in specific.find(classes, {
         specific.RELEASE: releases, "check": list(CHECK_ORDER), specific.BACKEND: sorted(backends),
         specific.CACHE_DTYPE: dtype_order})])
+    data["api_changes"] = [{"release": s.release, "before": s.before,
+                            "said": {k: t for k in api_history.KINDS if (t := api_history.said(s, k))},
+                            "changes": _as_json([asdict(c) for c in s.changes])}
+                           for s in api_history.history(recordings, releases) if s.changes]
     data["verdict"] = verdict(data)
     if since is not None:
         data["changes"] = _as_json(asdict(changes.compare(changes.load(since), data, since)))
     return data
+
+
+def runs(rows: list[Result], totals: dict[tuple[str, str], int] | None = None) -> list[dict]:
+    """Each run among `rows`, oldest first: its id, subjects, sources, when its first and last lines were written,
+    its lines per release, its checks; with `totals` ((subject, release) -> lines folded), `of` (the lines of its
+    subjects in its releases) and `partial` (other runs' lines are among them)."""
+    by: dict[str, list[Result]] = defaultdict(list)
+    for r in rows:
+        by[r.run].append(r)
+    out = []
+    for run, rs in by.items():
+        times = sorted(r.time for r in rs if r.time)
+        releases = Counter(r.release for r in rs)
+        entry = {"run": run, "subjects": sorted({r.subject for r in rs}),
+                 "sources": sorted({r.source for r in rs}), "first": times[0] if times else "",
+                 "last": times[-1] if times else "", "lines": len(rs),
+                 "releases": {rel: releases[rel] for rel in sorted(releases, key=version_key)},
+                 "checks": sorted({r.check for r in rs}, key=check_key)}
+        if totals is not None:
+            entry["of"] = sum(totals[(s, rel)] for s in entry["subjects"] for rel in releases)
+            entry["partial"] = entry["of"] > len(rs)
+        out.append(entry)
+    return sorted(out, key=lambda e: (e["first"], e["run"]))
+
+
+def _origin(rows: list[Result]) -> dict:
+    """Where a subject's lines of one release come from: their sources, and each run with its lines and when the
+    last of them was written."""
+    lines = Counter(r.run for r in rows)
+    last: dict[str, str] = {}
+    for r in rows:
+        last[r.run] = max(last.get(r.run, ""), r.time)
+    return {"sources": sorted({r.source for r in rows}),
+            "runs": [{"run": run, "time": last[run] or "unknown", "lines": n}
+                     for run, n in sorted(lines.items(), key=lambda kv: (last[kv[0]], kv[0]))]}
 
 
 def _as_json(value):
@@ -234,10 +289,35 @@ def columns(data: dict, subject: str) -> list[str]:
     return sorted({c for cs in data["checks"][subject].values() for c in cs}, key=check_key)
 
 
-def source(data: dict, release: str) -> str:
-    """How the release's contracts were read, and which run its lines come from (and when it ran)."""
-    runs = ", ".join(f"run {r['run']} at {r['time']}" for r in data["runs"][release])
-    return f"{'/'.join(data['sources'][release])}, {runs}"
+def source(data: dict, subject: str, release: str) -> str:
+    """How the release's contracts were read for a subject's lines, and which run they come from (and when it ran);
+    lines of several runs say so, with each run's count."""
+    o = data["origins"][subject].get(release)
+    if o is None:
+        return "·"
+    if len(o["runs"]) == 1:
+        return f"{'/'.join(o['sources'])}, run {o['runs'][0]['run']} at {o['runs'][0]['time']}"
+    return f"{'/'.join(o['sources'])}, lines from {len(o['runs'])} runs: " + ", ".join(
+        f"run {r['run']} at {r['time']} ({count(r['lines'], 'line')})" for r in o["runs"])
+
+
+def runs_table(data: dict) -> list[list[str]]:
+    """The Runs section's rows: run, subject, contracts from, releases, lines, checks, written (first – last)."""
+    out = []
+    for r in data["runs"]:
+        lines = f"{r['lines']:,} of {r['of']:,} (partial)" if r["partial"] else f"{r['lines']:,}"
+        written = r["first"] if r["first"] == r["last"] else f"{r['first']} – {r['last']}"
+        out.append([r["run"], ", ".join(r["subjects"]), "/".join(r["sources"]), span(r["releases"], data["releases"]),
+                    lines, ", ".join(r["checks"]), written or "unknown"])
+    return out
+
+
+API_TITLE = "Layout API changes: what a consumer can call"
+API_NOTE = ("Against the recorded release before each release here: names of vLLM's layout modules and backend members "
+            "that appeared, disappeared or changed signature or value (every release's: docs/releases.md).")
+RUNS_HEAD = ("run", "subject", "contracts from", "releases", "lines", "checks", "written")
+RUNS_NOTE = ("partial: the lines of its releases come from more than one run (a narrower run re-checked some items, "
+             "an earlier run's other lines stay); `python -m harness.report --run ID` folds only the runs named.")
 
 
 def totals(data: dict, subject: str) -> dict[str, int]:
@@ -422,6 +502,11 @@ def markdown(data: dict) -> str:
     for subject in sorted(data["checks"]):
         passed, others = _summary(data, subject)
         lines.append(f"- {subject}: {passed} — " + " · ".join(f"{_md_mark(m, n)} {m.name}" for m, n in others))
+    lines += ["", f"## Runs folded ({len(data['runs'])})", "", "| " + " | ".join(RUNS_HEAD) + " |",
+              "|---" * len(RUNS_HEAD) + "|", *("| " + " | ".join(row) + " |" for row in runs_table(data))]
+    lines += ["", RUNS_NOTE] if any(r["partial"] for r in data["runs"]) else []
+    if data["left_out"]:
+        lines += ["", "Not folded (no `--run` names them): " + ", ".join(run_text(data, r) for r in data["left_out"])]
     if sections := change_sections(data):
         lines += ["", f"## Since {data['changes']['since']} ({data['changes']['since_verdict']})"]
         for s in sections:
@@ -444,16 +529,20 @@ def markdown(data: dict) -> str:
                   + " |", "|---|---|" + "---|" * len(cols)]
         for release in releases:
             cs = data["checks"][subject].get(release, {})
-            lines.append(f"| {release} | {source(data, release)} | "
+            lines.append(f"| {release} | {source(data, subject, release)} | "
                          + " | ".join(md_cell(cs.get(check, {})) for check in cols) + " |")
         lines += _md_dtypes(data, subject)
+    if data["api_changes"]:
+        lines += ["", f"## {API_TITLE}", "", API_NOTE, ""]
+        lines += [f"- **{a['release']}** (against {a['before']}): "
+                  + " · ".join(f"{k}: {t}" for k, t in a["said"].items()) for a in data["api_changes"]]
     lines += ["", "## Known findings (green, reported)", ""]
     lines += [f"- {i}: {c} {o} on {rs}, x{n:,}" for i, c, o, rs, n in known(data)] or ["none"]
     lines += ["", "## Stale known findings (applied, did not happen: remove or narrow them)", ""]
     lines += [f"- {i}: {c} on {rs}" for i, c, rs in stale(data)] or ["none"]
     lines += ["", "## Unsupported (the subject's reasons)", ""]
     lines += [f"- {u['subject']}: {u['reason']} x{u['count']:,}" for u in data["unsupported"]] or ["none"]
-    lines += ["", "## Backends (as this run's result lines name them)", ""]
+    lines += ["", "## Backends (as the folded result lines name them)", ""]
     lines += [f"- {b}" for b in backend_lines(data)] or ["none recorded"]
     lines += ["", "## Details"]
     if len(kinds) > FIRST_GROUPS:
@@ -490,6 +579,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--since", type=Path, default=None, metavar="OLD/report.json",
                         help="a previous report.json: what changed since it comes first")
+    parser.add_argument("--run", action="append", default=[], metavar="ID",
+                        help="fold only this run's lines (repeatable); the Runs section names the others")
     args = parser.parse_args(argv)
     from harness import page  # the page reads this module's folds and texts
 
@@ -498,8 +589,13 @@ def main(argv: list[str]) -> int:
         if not rows:
             print(f"no results under {args.results} (expected <release>/results.jsonl)", file=sys.stderr)
             return 1
-        data = fold(rows, args.since)
-    except ValueError as e:  # a result line or a previous report this kvconform cannot read: it names the file
+        known = [r["run"] for r in runs(rows)]
+        if unknown := [x for x in args.run if x not in known]:
+            raise ValueError(f"--run {', '.join(unknown)}: no such run under {args.results}; its runs: "
+                             + ", ".join(known))
+        chosen = set(args.run or known)
+        data = fold([r for r in rows if r.run in chosen], args.since, [r for r in rows if r.run not in chosen])
+    except ValueError as e:  # a line, report or recording this kvconform cannot read (it names the file), or a --run
         print(f"python -m harness.report: {e}", file=sys.stderr)
         return 2
     out = args.out or args.results
@@ -507,7 +603,7 @@ def main(argv: list[str]) -> int:
     (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
     (out / "report.md").write_text(markdown(data))
     (out / "report.html").write_text(page.html_page(data))
-    print(f"{out / 'report.md'}, report.html: {data['verdict']}; {len(rows)} results, "
+    print(f"{out / 'report.md'}, report.html: {data['verdict']}; {sum(r['lines'] for r in data['runs'])} results, "
           f"{len(data['releases'])} releases")
     return 0
 

@@ -2,8 +2,9 @@
 
 A run is one pytest process with its xdist workers; every line it writes carries its id (`run`) and the time the line
 was written. Each process appends to its own results.<run>-<worker>.jsonl; the controller merges its run's files
-into results.jsonl when it ends, replacing that release's previous run (a run that wrote nothing of a release
-leaves the previous one, whose lines keep their own run id).
+into results.jsonl when it ends (`merge`). A run's lines replace the previous lines of the items it checked (an item:
+subject, check, geometry, backends, cache dtype, sparsity; a whole-release line's geometry is "*") and no others: a
+narrower re-run (`-k split`) replaces what it re-ran and keeps the rest, each kept line with its own run id.
 Outcome words are never folded into one another (harness.report keeps them apart):
   bit-identical     paged and dense (or two runs, or two splits) agree bit for bit
   within-tolerance  the oracle check held at its stated tolerance
@@ -22,7 +23,8 @@ Outcome words are never folded into one another (harness.report keeps them apart
                     contract's K/V there (split-agrees reports that finding); never a pass
   timeout           the item ran past its time limit (--kvconform-timeout): a harness limit naming the item and the
                     seconds, with the example it was running; never a verdict on the subject, never a pass
-`stale` is not an outcome of a check: it marks a known finding that applied but did not happen.
+`stale` is not an outcome of a check: it marks a known finding that applied but did not happen in the run that wrote
+it; a later run of the subject that checks any item the finding covers drops it (and says stale again if it is).
 
 `python -m harness.results install-error RELEASE REASON [--dir results]` records a failed install.
 """
@@ -33,9 +35,11 @@ import argparse
 import json
 import secrets
 import sys
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from enum import Enum
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from harness import checks
@@ -128,24 +132,66 @@ def append(root: Path, result: Result, worker: str | None = None) -> None:
         f.write(json.dumps(asdict(stamped), sort_keys=True) + "\n")
 
 
-def merge(root: Path, release: str, run: str = "") -> Path:
-    """Fold the per-worker files of `release` into results.jsonl, replacing the previous run of the same subject
-    (other subjects' lines stay), and remove them. Worker names starting with `run` only, so that concurrent
-    sessions do not take each other's files. A session that checked nothing of this release (collect-only,
-    deselected) leaves the previous run alone."""
+ITEM = ("subject", "check", "geometry", "backends", "cache_dtype", "sparsity")  # what the lines of one item share
+
+
+def item(line: dict) -> tuple:
+    """The item a result line (as JSON) belongs to: every line of one checked item has the same."""
+    return tuple(tuple(line.get(f) or ()) if f == "backends" else line.get(f, "") for f in ITEM)
+
+
+@dataclass(frozen=True)
+class Merged:
+    """What a merge did to a release's results.jsonl: how many lines each new run added, and per previous run how
+    many of its lines they replaced (the items re-checked) and how many stay (not re-checked)."""
+
+    path: Path
+    release: str
+    added: tuple[tuple[str, int], ...]  # (run, lines), each run once, in file order
+    replaced: tuple[tuple[str, int], ...]
+    kept: tuple[tuple[str, int], ...]
+
+    def __str__(self) -> str:
+        if not self.added:
+            return f"{self.release}: no new lines ({self.path} unchanged)"
+        new = ", ".join(f"{n:,} line{'s' * (n != 1)} of run {r}" for r, n in self.added)
+        done = "replaced " + ", ".join(f"{n:,} of run {r}" for r, n in self.replaced) if self.replaced else "added"
+        kept = ", ".join(f"{n:,} line{'s' * (n != 1)} of run {r}" for r, n in self.kept)
+        return f"{self.release}: {new} {done}" + (f"; {kept} kept (not re-checked)" if kept else "")
+
+
+def _runs(lines: list[dict]) -> tuple[tuple[str, int], ...]:
+    return tuple(Counter(x.get("run", "") for x in lines).items())
+
+
+def merge(root: Path, release: str, run: str = "") -> Merged:
+    """Fold the per-worker files of `release` into results.jsonl and remove them. Worker names starting with `run`
+    only, so that concurrent sessions do not take each other's files. The new lines replace the previous lines of
+    the items they check, and the stale lines of their subject whose known finding covers any of those items; every
+    other line stays. A session that checked nothing of this release (collect-only, deselected) changes nothing."""
     d = release_dir(root, release)
     parts = sorted(d.glob(f"results.{run}*.jsonl"))
     out = d / "results.jsonl"
-    if not parts:
-        return out
-    new = [line for p in parts for line in p.read_text().splitlines() if line.strip()]
-    subjects = {json.loads(line).get("subject") for line in new}
-    kept = [line for line in (out.read_text().splitlines() if out.exists() else [])
-            if line.strip() and json.loads(line).get("subject") not in subjects]
-    out.write_text("".join(line + "\n" for line in kept + new))
+    added = [line for p in parts for line in p.read_text().splitlines() if line.strip()]
+    new = [json.loads(line) for line in added]
+    old = [(line, json.loads(line)) for line in (out.read_text().splitlines() if out.exists() and new else [])
+           if line.strip()]
+    items = {item(x) for x in new}
+    checked = {(x["subject"], x["check"], x["geometry"], x["sparsity"]) for x in new}
+
+    def rechecked(x: dict) -> bool:
+        # A stale line names the finding's globs, never one item: it goes when the run checked any item they cover.
+        return item(x) in items or x.get("outcome") == STALE and any(
+            s == x.get("subject") and fnmatchcase(c, x.get("check", "")) and fnmatchcase(g, x.get("geometry", ""))
+            and fnmatchcase(sp, x.get("sparsity", "")) for s, c, g, sp in checked)
+
+    gone = [x for _, x in old if rechecked(x)]
+    kept = [(line, x) for line, x in old if not rechecked(x)]
+    if new:
+        out.write_text("".join(line + "\n" for line in [line for line, _ in kept] + added))
     for p in parts:
         p.unlink()
-    return out
+    return Merged(out, release, _runs(new), _runs(gone), _runs([x for _, x in kept]))
 
 
 def read(root: Path, release: str = "*", files: str = "results.jsonl") -> list[Result]:
@@ -170,8 +216,8 @@ def read(root: Path, release: str = "*", files: str = "results.jsonl") -> list[R
     return out
 
 
-def install_error(root: Path, release: str, reason: str) -> Path:
-    """Record that `release` could not be installed (its session's only line) and merge it; the merged file."""
+def install_error(root: Path, release: str, reason: str) -> Merged:
+    """Record that `release` could not be installed (its session's only line) and merge it."""
     run = new_run_id()
     append(root, Result(run=run, release=release, source="install", subject="*", check=checks.INSTALL.name,
                         outcome=Word.INSTALL_ERROR, diagnosis=reason), run)

@@ -162,6 +162,7 @@ class Session:
     say: Callable[[str], None] = field(default=lambda text: print(text, file=sys.__stderr__, flush=True), repr=False)
     warming: object = None  # the warm-up thread (controller), True in a worker whose controller started one
     warm_error: str = ""
+    merged: dict[str, str] = field(default_factory=dict)  # release -> what merging its lines did (controller)
 
     def selects(self, c: Contract) -> bool:
         """Whether the session checks contract `c`: its backend and cache dtype were asked for, and the subject
@@ -308,15 +309,20 @@ class Session:
             "processes": self.workers}, indent=1) + "\n")
 
     def merge(self) -> None:
-        """Merge this run's per-process result files per release, then mark known findings that did not happen."""
+        """Merge this run's per-process result files per release (what each merge did goes to the summary), then
+        mark the known findings that did not happen in this run."""
         for r in self.releases:
             if results.release_dir(self.results_dir, r.release).is_dir():
-                if results.merge(self.results_dir, r.release, self.run + "-").exists():
+                merged = results.merge(self.results_dir, r.release, self.run + "-")
+                if merged.added:
+                    self.merged[r.release] = str(merged)
                     self._mark_stale(r)
 
     def _mark_stale(self, r: ReleaseContracts) -> None:
-        # Done on merged results: with xdist a finding may apply on one worker and happen on another.
-        rows = [x for x in results.read(self.results_dir, r.release) if x.subject == self.subject_name]
+        # Done on merged results: with xdist a finding may apply on one worker and happen on another. This run's lines
+        # only: the lines an earlier run left (items not re-checked) say nothing of what happened in this one.
+        rows = [x for x in results.read(self.results_dir, r.release)
+                if x.subject == self.subject_name and x.run == self.run]
         happened = {x.known for x in rows if x.known}
         for f in self.findings:
             applied = any(f.applies(x.release, x.geometry, x.sparsity, x.check) and x.outcome != Word.UNSUPPORTED
@@ -352,6 +358,7 @@ class Session:
                 counts[x.outcome.value] = counts.get(x.outcome.value, 0) + 1
             lines.append(f"kvconform {r.release} ({r.source}) {self.subject_name}: "
                          + ", ".join(f"{n} {word}" for word, n in sorted(counts.items())) + f" -> {path}")
+            lines += [f"  merged: {self.merged[r.release]}"] if r.release in self.merged else []
             lines += [f"  STALE {x.known}: {x.diagnosis}" for x in rows if x.outcome == results.STALE]
         lines += [f"kvconform {line}" for line in self.coverage()]
         by_check: dict[str, list[results.Result]] = {}

@@ -169,3 +169,14 @@ def test_a_python_nox_then_cannot_find_fails_the_session_rather_than_skipping_it
     assert done.returncode != 0, done.stdout + done.stderr
     [run] = json.loads(report.read_text())["sessions"]
     assert run["result"] == "failed" and "not found" in run["reason"], run
+
+
+def test_the_report_session_installs_nothing_and_writes_the_report(tmp_path):
+    noxfile, _ = _copy(tmp_path, {})
+    results.append(tmp_path / "results", results.Result(run="r", release="0.25.1", source="replay", subject="builtin",
+                                                        check="split-agrees", outcome="bit-identical"))
+    done = _nox(noxfile, "-s", "report")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "GREEN: no new findings in 1 release" in (tmp_path / "results" / "report.md").read_text()
+    assert "install" not in out and not (tmp_path / ".nox").exists(), out  # no venv made, nothing installed

@@ -4,8 +4,12 @@ counted beside it, red with any new finding; a known finding never hides a new o
 hand-written result lines."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -222,7 +226,7 @@ def test_html_is_well_formed_and_says_the_same(tmp_path):
                                                                "REPRO <b>1</b>"]
     assert broke is not None and "x < y & z" in text and "uv failed" in text
     # the release x check matrix: the same faces and counts as the markdown, each coloured by its cell's tone
-    table = tree.findall(".//table")[0]
+    table = tree.find(".//table[@id='m0']")
     rows = {tr[0].text: tr[2:] for tr in table.findall("tr")[1:]}
     for release, faces in matrix_rows(md).items():
         assert ["".join(td.itertext()) for td in rows[release]] == [c.replace("*", "") for c in faces]
@@ -294,8 +298,9 @@ def test_the_report_names_the_run_each_release_comes_from(tmp_path):
                                 check="bit-identity", outcome="bit-identical", run="20261201T100000Z-bbbbbb",
                                 time="2026-12-01T10:02:03+00:00"), "w")
     data = fold(root)
-    assert [r["run"] for r in data["runs"]["0.25.1"]] == ["20261201T090000Z-aaaaaa"]
-    assert data["runs"]["0.33.0"] == [{"run": "20261201T100000Z-bbbbbb", "time": "2026-12-01T10:02:03+00:00"}]
+    assert [r["run"] for r in data["origins"]["builtin"]["0.25.1"]["runs"]] == ["20261201T090000Z-aaaaaa"]
+    assert data["origins"]["builtin"]["0.33.0"] == {"sources": ["live"], "runs": [
+        {"run": "20261201T100000Z-bbbbbb", "time": "2026-12-01T10:02:03+00:00", "lines": 1}]}
     md = report.markdown(data)
     assert "| 0.33.0 | live, run 20261201T100000Z-bbbbbb at 2026-12-01T10:02:03+00:00 |" in md, md
     assert "run 20261201T090000Z-aaaaaa at 20" in md  # the time append() stamped
@@ -337,15 +342,16 @@ def test_since_lists_exactly_a_planted_new_failure_and_a_planted_fix(tmp_path):
     assert [(c["release"], c["check"], c["geometry"], c["before"], c["after"]) for c in ch["fixes"]] == [
         ("0.25.1", "determinism", "blocks-first:B.KV.N.H.D", "fail", "pass")]
     assert not any(ch[k] for k in ch if k not in ("since", "since_verdict", "new_failures", "fixes"))
-    # First on the page, right under the verdict, in markdown and HTML alike.
+    # First on the page, right under the verdict and the runs it folded, in markdown and HTML alike.
     md = report.markdown(data)
-    head = md.split("\n## ")[1]
+    assert md.split("\n## ")[1].startswith("Runs folded (1)")
+    head = md.split("\n## ")[2]
     assert head.startswith(f"Since {old_json} (RED: 1 new finding in 1 release)"), md
     assert "### **1 new failure**" in head and "### 1 fix" in head and "REPRO bit-identity 0.33.0" in head
     assert "builtin · 0.33.0 · bit-identity · packed:B.H.N.C · FLASH_ATTN: pass → fail" in head
     tree = ET.fromstring(page.html_page(data))
     h2 = [e.text for e in tree.iter("h2")]
-    assert h2[0].startswith("Since ") and h2[1].startswith("What broke")
+    assert h2[0] == "Runs folded (1)" and h2[1].startswith("Since ") and h2[2].startswith("What broke")
 
 
 def test_since_through_the_command_and_against_itself(tmp_path, capsys):
@@ -439,7 +445,7 @@ def test_a_live_runs_report_names_the_live_contracts_backends(tmp_path):
     assert list(data["backends"]) == ["FLASHINFER", "FLASH_ATTN", "TRITON_ATTN"]
     md = report.markdown(data)
     assert "| 0.33.0 | live, run r1 at " in md
-    backends = md.split("## Backends (as this run's result lines name them)\n\n", 1)[1].split("\n\n", 1)[0]
+    backends = md.split("## Backends (as the folded result lines name them)\n\n", 1)[1].split("\n\n", 1)[0]
     assert backends.splitlines() == ["- FLASHINFER: 0.33.0 · packed:B.N.H.C@fp8_e4m3",
                                      "- FLASH_ATTN: 0.33.0 · packed:B.H.N.C",
                                      "- TRITON_ATTN: 0.33.0 · packed:B.H.N.C"]
@@ -476,3 +482,164 @@ def test_the_page_is_one_offline_file_with_a_drill_down_per_cell_and_filters(tmp
     assert [p.text for p in row.iter("pre")] == ["REPRO differs 0.9.2"]
     other = next(tr for tr in rows if tr.get("data-backends") == "FLASH_ATTN")
     assert [p.text for p in other.iter("pre")] == ["REPRO second"]
+
+
+# What `nox -s report` runs on nox's own interpreter: torch, hypothesis and numpy made unimportable, and every module
+# the report imports checked to be the standard library's (tomli: harness.matrix's TOML parser on Python 3.10).
+_BARE = """
+import runpy, sys
+for name in ("torch", "hypothesis", "numpy"):
+    sys.modules[name] = None
+before = set(sys.modules)
+sys.argv = ["python -m harness.report", *sys.argv[1:]]
+try:
+    runpy.run_module("harness.report", run_name="__main__", alter_sys=True)
+finally:
+    allowed = {*sys.stdlib_module_names, "harness", *(("tomli",) if sys.version_info < (3, 11) else ())}
+    extra = sorted({m.split(".")[0] for m in set(sys.modules) - before} - allowed)
+    print("imported beyond the standard library:", extra, file=sys.stderr)
+"""
+
+
+def test_the_report_command_imports_only_the_standard_library(tmp_path):
+    root = tmp_path / "results"
+    add(root, "0.25.1", "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
+    add(root, "0.33.0", "packed:B.H.N.C", "differs", backends=("FLASH_ATTN",), diagnosis="1 of 8 differ")
+    merged(root)
+    repo = Path(report.__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", _BARE, str(root)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert "imported beyond the standard library: []" in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr
+    assert (root / "report.md").read_text().startswith("# kvconform conformance report\n\n**RED: 1 new finding")
+    assert (root / "report.html").is_file() and json.loads((root / "report.json").read_text())["releases"] == [
+        "0.25.1", "0.33.0"]
+
+
+def run_of(root, run, time, release, *items, source="replay"):
+    """A run's lines (check, geometry) of one release, written when `time` says and merged as its controller does."""
+    for check, geometry in items:
+        family, _, order = geometry.partition(":")
+        results.append(root, Result(run=run, time=time, release=release, source=source, subject="builtin",
+                                    check=check, geometry=geometry, sparsity="none", outcome="bit-identical",
+                                    family=family if order else "", order=order, cache_dtype="auto" if order else "",
+                                    backends=("FLASH_ATTN",) if order else ()), f"{run}-gw0")
+    return results.merge(root, release, f"{run}-")
+
+
+def older_and_partial(tmp_path):
+    """An older live run of 0.22.1, an older complete replay run of 0.25.1, and a newer `-k split` re-run of 0.25.1."""
+    root = tmp_path / "results"
+    g1, g2 = "blocks-first:B.KV.N.H.D", "blocks-first:B.KV.H.N.D"
+    run_of(root, "A", "2026-11-30T08:00:00+00:00", "0.22.1", ("contracts", "*"), ("drift", "*"),
+           ("split-agrees", "kv-first:KV.B.N.H.D"), source="live")
+    run_of(root, "Y", "2026-12-01T09:00:00+00:00", "0.25.1", ("contracts", "*"), ("split-agrees", g1),
+           ("split-agrees", g2), ("bit-identity", g1), ("bit-identity", g1), ("bit-identity", g2), ("transfer", g1))
+    merged = run_of(root, "X", "2026-12-02T10:00:00+00:00", "0.25.1", ("split-agrees", g1), ("split-agrees", g2))
+    return root, merged
+
+
+def test_a_partial_newer_run_beside_an_older_complete_one_is_named_in_the_verdict_and_the_runs(tmp_path):
+    root, merged = older_and_partial(tmp_path)
+    assert str(merged) == "0.25.1: 2 lines of run X replaced 2 of run Y; 5 lines of run Y kept (not re-checked)"
+    data = fold(root)
+    assert data["verdict"] == (
+        "GREEN: no new findings in 2 releases — from 3 runs: run A (live, 0.22.1, 2026-11-30, 3 lines), "
+        "run Y (replay, 0.25.1, 2026-12-01, partial: 5 of 7 lines), run X (replay, 0.25.1, 2026-12-02, partial: "
+        "2 of 7 lines)")
+    md = report.markdown(data)
+    assert md.startswith(f"# kvconform conformance report\n\n**{data['verdict']}**\n")
+    runs = md.split("## Runs folded (3)\n\n", 1)[1].split("\n\n## ", 1)[0].split("\n\n")
+    assert runs[0].splitlines() == [
+        "| run | subject | contracts from | releases | lines | checks | written |", "|---|---|---|---|---|---|---|",
+        "| A | builtin | live | 0.22.1 | 3 | contracts, drift, split-agrees | 2026-11-30T08:00:00+00:00 |",
+        "| Y | builtin | replay | 0.25.1 | 5 of 7 (partial) | contracts, transfer, bit-identity | "
+        "2026-12-01T09:00:00+00:00 |",
+        "| X | builtin | replay | 0.25.1 | 2 of 7 (partial) | split-agrees | 2026-12-02T10:00:00+00:00 |"]
+    assert runs[1] == report.RUNS_NOTE
+    rows = {r.split(" | ")[0]: r.split(" | ")[1] for r in md.split("### builtin\n\n", 1)[1].split("\n\n")[0]
+            .splitlines()[2:]}
+    assert rows == {"| 0.22.1": "live, run A at 2026-11-30T08:00:00+00:00",
+                    "| 0.25.1": "replay, lines from 2 runs: run Y at 2026-12-01T09:00:00+00:00 (5 lines), run X at "
+                                "2026-12-02T10:00:00+00:00 (2 lines)"}
+    tree = ET.fromstring(page.html_page(data))
+    table = tree.find(".//table[@id='runs']")
+    assert [["".join(td.itertext()) for td in tr] for tr in table][3][:5] == [
+        "X", "builtin", "replay", "0.25.1", "2 of 7 (partial)"]
+    assert next(e for e in tree.iter("p") if "verdict" in e.get("class", "")).text == data["verdict"]
+
+
+def test_many_runs_are_counted_in_the_verdict_and_listed_under_runs(tmp_path):
+    root = tmp_path / "results"
+    for n, release in enumerate(("0.22.1", "0.25.1", "0.28.0", "0.30.0", "0.33.0")):
+        run_of(root, f"R{n}", f"2026-12-0{n + 1}T08:00:00+00:00", release, ("contracts", "*"))
+    data = fold(root)
+    assert data["verdict"] == "GREEN: no new findings in 5 releases — from 5 runs (0 partial): see Runs"
+    assert [r["run"] for r in data["runs"]] == ["R0", "R1", "R2", "R3", "R4"]
+
+
+def test_run_folds_only_the_named_runs_and_names_the_others(tmp_path, capsys):
+    root, _ = older_and_partial(tmp_path)
+    assert report.main([str(root), "--run", "X", "--run", "A", "--out", str(tmp_path / "out")]) == 0
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [r["run"] for r in data["runs"]] == ["A", "X"] and [r["run"] for r in data["left_out"]] == ["Y"]
+    assert data["checks"]["builtin"]["0.25.1"] == {"split-agrees": {"bit-identical": 2}}
+    assert data["verdict"] == ("GREEN: no new findings in 2 releases — from 2 runs: run A (live, 0.22.1, 2026-11-30, "
+                               "3 lines), run X (replay, 0.25.1, 2026-12-02, 2 lines)")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "\nNot folded (no `--run` names them): run Y (replay, 0.25.1, 2026-12-01, 5 lines)\n" in md
+    assert report.main([str(root), "--run", "Y", "--run", "nope", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"python -m harness.report: --run nope: no such run under {root}; its runs: A, Y, X\n"
+    assert not (tmp_path / "bad").exists()
+
+
+def test_the_layout_api_changes_of_the_releases_covered_are_listed_and_none_means_no_section(tmp_path):
+    root = tmp_path / "results"
+    for release in ("0.28.0", "0.29.0"):
+        add(root, release, "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
+    data = fold(root)
+    assert [(a["release"], a["before"]) for a in data["api_changes"]] == [("0.28.0", "0.27.1"), ("0.29.0", "0.28.0")]
+    md = report.markdown(data)
+    section = md.split(f"\n## {report.API_TITLE}\n\n", 1)[1].split("\n\n## ", 1)[0].split("\n\n")
+    assert section[0] == report.API_NOTE
+    lines = section[1].splitlines()
+    assert lines[0] == ("- **0.28.0** (against 0.27.1): new: customize_spec (all 6 backends) · value: "
+                        "FLASHINFER.supported_kv_cache_dtypes gains nvfp4_4over6")
+    assert lines[1].startswith("- **0.29.0** (against 0.28.0): gone: vllm.v1.attention.backends.utils."
+                               "get_kv_cache_layout, vllm.v1.attention.backends.utils.set_kv_cache_layout; "
+                               "get_kv_cache_shape, get_kv_cache_stride_order, get_required_kv_cache_layout "
+                               "(all 6 backends) · new: module vllm.v1.kv_cache_layout, ")
+    assert md.index("## Where") < md.index(report.API_TITLE) < md.index("## Known findings")
+    tree = ET.fromstring(page.html_page(data))
+    items = ["".join(li.itertext()) for li in tree.find(".//ul[@id='api']")]
+    assert items == [line.removeprefix("- ").replace("**", "") for line in lines]
+    unchanged = tmp_path / "unchanged"
+    for release in ("0.30.0", "0.31.0"):  # the same layout API as the release before each
+        add(unchanged, release, "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
+    data = fold(unchanged)
+    assert data["api_changes"] == [] and report.API_TITLE not in report.markdown(data)
+    assert report.API_TITLE not in page.html_page(data)
+
+
+def test_the_layout_api_section_reads_the_recordings_it_is_given(tmp_path):
+    recordings = tmp_path / "recordings"
+    recordings.mkdir()
+    backend = {"present": True, "module": "m", "class": "C", "module_names": [], "answers": [],
+               "members": {"get_kv_cache_shape": {"kind": "staticmethod", "signature": "(num_blocks: int)"}}}
+    for release, signature in (("0.1.0", "(num_blocks: int)"), ("0.2.0", "(num_blocks: int, cache_dtype_str: str)")):
+        api = {"format": 1, "modules": {}, "backends": {"B": {**backend, "members": {"get_kv_cache_shape": {
+            "kind": "staticmethod", "signature": signature}}}}}
+        (recordings / f"{release}.json").write_text(json.dumps({"release": release, "contracts": [], "api": api}))
+    root = tmp_path / "results"
+    add(root, "0.2.0", "packed:B.H.N.C", "bit-identical")
+    data = report.fold(results.read(merged(root)), recordings=recordings)
+    assert data["api_changes"] == [{"release": "0.2.0", "before": "0.1.0",
+                                    "said": {"signature": "B.get_kv_cache_shape gains cache_dtype_str: str"},
+                                    "changes": [{"kind": "signature", "name": "get_kv_cache_shape",
+                                                 "backends": ["B"], "detail": "gains cache_dtype_str: str"}]}]
+    assert "\n- **0.2.0** (against 0.1.0): signature: B.get_kv_cache_shape gains cache_dtype_str: str\n" in (
+        report.markdown(data))
+    (recordings / "0.1.0.json").write_text("{broken")
+    with pytest.raises(ValueError, match=r"recordings/0\.1\.0\.json: not a recording: invalid JSON"):
+        report.fold(results.read(root), recordings=recordings)

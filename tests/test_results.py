@@ -11,8 +11,9 @@ from harness.results import Result
 
 
 def result(release="0.30.0", outcome="bit-identical", **kw):
-    return Result(run="r", release=release, source="replay", subject="builtin", geometry="kv-first:KV.B.N.H.D",
-                  check="bit-identity", sparsity="none", outcome=outcome, **kw)
+    return Result(**{"run": "r", "release": release, "source": "replay", "subject": "builtin",
+                     "geometry": "kv-first:KV.B.N.H.D", "check": "bit-identity", "sparsity": "none",
+                     "outcome": outcome, **kw})
 
 
 def test_workers_merge_into_one_file_and_replace_the_previous_run(tmp_path):
@@ -30,7 +31,7 @@ def test_workers_merge_into_one_file_and_replace_the_previous_run(tmp_path):
 
 def test_lines_are_plain_json_with_every_field(tmp_path):
     results.append(tmp_path, result(outcome="differs", diagnosis="3 of 8 differ", repro="REPRO ..."), "main")
-    path = results.merge(tmp_path, "0.30.0")
+    path = results.merge(tmp_path, "0.30.0").path
     line = json.loads(path.read_text())
     assert set(line) == {"release", "source", "subject", "geometry", "check", "sparsity", "outcome", "case",
                          "repro", "diagnosis", "known", "device", "run", "time", "seconds", "backends", "cache_dtype",
@@ -90,3 +91,50 @@ def test_a_run_replaces_its_own_subject_and_keeps_the_others(tmp_path):
     results.merge(tmp_path, "0.30.0")
     assert sorted((r.subject, r.case) for r in results.read(tmp_path)) == [
         ("builtin", "builtin-new"), ("example-offloader", "offloader")]
+
+
+def run_of(root, run, *lines):
+    """A run's lines, written to its worker file and merged as its controller does; what the merge did."""
+    for x in lines:
+        results.append(root, dataclasses.replace(x, run=run), f"{run}-gw0")
+    return results.merge(root, "0.30.0", f"{run}-")
+
+
+def test_a_narrower_re_run_replaces_what_it_re_ran_and_keeps_the_rest(tmp_path):
+    split, bit = dict(check="split-agrees"), dict(check="bit-identity")
+    whole = dict(geometry="*", sparsity="*")
+    old = run_of(tmp_path, "Y", result(case="a", **split), result(case="b", **split),
+                 result(geometry="kv-first:KV.B.H.N.D", case="c", **split), result(case="d", **bit),
+                 result(case="e", **bit), result(check="contracts", **whole), result(check="drift", **whole),
+                 result(outcome="stale", known="builtin#1", check="split-agrees", geometry="kv-first:*", sparsity="*"),
+                 result(outcome="stale", known="builtin#2", check="bit-identity", geometry="packed:*", sparsity="*"))
+    assert str(old) == "0.30.0: 9 lines of run Y added"
+    new = run_of(tmp_path, "X", result(case="f", **split), result(geometry="kv-first:KV.B.H.N.D", case="g", **split),
+                 result(check="contracts", **whole))
+    # The split items, the contracts line and the stale finding that covers split-agrees on kv-first were re-checked.
+    assert (new.added, new.replaced, new.kept) == ((("X", 3),), (("Y", 5),), (("Y", 4),))
+    assert str(new) == "0.30.0: 3 lines of run X replaced 5 of run Y; 4 lines of run Y kept (not re-checked)"
+    assert sorted((r.run, r.check, r.case or r.known) for r in results.read(tmp_path)) == [
+        ("X", "contracts", ""), ("X", "split-agrees", "f"), ("X", "split-agrees", "g"),
+        ("Y", "bit-identity", "builtin#2"), ("Y", "bit-identity", "d"), ("Y", "bit-identity", "e"),
+        ("Y", "drift", "")]
+
+
+@pytest.mark.parametrize("other", [dict(backends=("FLASHINFER",)), dict(cache_dtype="fp8_e4m3"),
+                                   dict(sparsity="nm-2:4"), dict(geometry="*"), dict(check="determinism"),
+                                   dict(subject="offloader")])
+def test_a_line_replaces_only_lines_of_its_own_item(tmp_path, other):
+    run_of(tmp_path, "Y", result(case="a", backends=("FLASH_ATTN",), cache_dtype="auto"))
+    merged = run_of(tmp_path, "X", result(case="b", **{"backends": ("FLASH_ATTN",), "cache_dtype": "auto", **other}))
+    assert str(merged) == "0.30.0: 1 line of run X added; 1 line of run Y kept (not re-checked)"
+    merged = run_of(tmp_path, "Z", result(case="c", backends=("FLASH_ATTN",), cache_dtype="auto"))
+    assert str(merged) == "0.30.0: 1 line of run Z replaced 1 of run Y; 1 line of run X kept (not re-checked)"
+    assert sorted(r.case for r in results.read(tmp_path)) == ["b", "c"]
+
+
+def test_a_merge_of_nothing_says_so_and_changes_nothing(tmp_path):
+    run_of(tmp_path, "Y", result(case="a"))
+    before = (tmp_path / "0.30.0" / "results.jsonl").read_text()
+    merged = results.merge(tmp_path, "0.30.0", "X-")
+    assert str(merged) == f"0.30.0: no new lines ({tmp_path / '0.30.0' / 'results.jsonl'} unchanged)"
+    assert (tmp_path / "0.30.0" / "results.jsonl").read_text() == before

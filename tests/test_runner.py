@@ -123,3 +123,38 @@ def test_a_kept_regression_replays_on_each_release_as_that_release_hands_the_cac
         r = runner.Runner(s, "t", 1).running(reg.target, "split-agrees", reg.example, reg.extra)
         got[reg.target.release.release] = (reg.target.contract.origin.release, r.layer(reg.example).kv_cache_layout)
     assert got == {"0.26.0": ("0.26.0", "NHD"), "0.33.0": ("0.33.0", "LBNHC")}
+
+
+def test_a_narrower_run_keeps_the_earlier_runs_other_lines_and_says_stale_of_its_own_lines_only(tmp_path):
+    before = settings.get_current_profile_name()
+    settings.load_profile("kvconform-ci")
+    known = tmp_path / "known"
+    known.mkdir()
+
+    def run(name, *which):
+        s = runner.start("builtin", ["0.25.1"], runner.fixtures.ROOT, tmp_path / "results", tmp_path / "regressions",
+                         known, "cpu", f"{name}-main", "", run=name)
+        for t in which:
+            runner.Runner(s, "pytest suite::check", 1).run(runner.targets(s)[t], checks.SPLIT_AGREES,
+                                                           lambda run, ex, _: run.outcome(Word.BIT_IDENTICAL))
+        s.merge()
+        return s
+
+    try:
+        g0, g1 = (t.geometry for t in runner.targets(run("Y", 0, 1))[:2])  # before any known finding
+        (known / "builtin.toml").write_text(
+            f'[[finding]]\nreleases = "*"\ngeometry = "{g1}"\nsparsity = "*"\ncheck = "split-agrees"\n'
+            'outcome = "differs"\nreason = "planted"\nlink = "here"\n')
+        n = checks.CHEAP_FACTOR  # lines per item
+        narrower = run("X", 0)  # the finding covers Y's kept lines only: nothing of this run, so not stale here
+        assert f"  merged: 0.25.1: {n} lines of run X replaced {n} of run Y; {n} lines of run Y kept " \
+               "(not re-checked)" in narrower.summary()
+        rows = results.read(tmp_path / "results", "0.25.1")
+        assert {(r.run, r.geometry, r.outcome.value) for r in rows} == {("X", g0, "bit-identical"),
+                                                                         ("Y", g1, "bit-identical")}
+        run("Z", 1)  # re-checks what the finding covers: stale, of this run's lines
+        rows = results.read(tmp_path / "results", "0.25.1")
+        assert [(r.run, r.known) for r in rows if r.outcome == "stale"] == [("Z", "builtin#1")]
+        assert {(r.run, r.geometry) for r in rows} == {("X", g0), ("Z", g1)}
+    finally:
+        settings.load_profile(before)
