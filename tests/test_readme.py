@@ -5,8 +5,11 @@ noxfile has the sessions they name)."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -69,3 +72,61 @@ def test_the_readme_test_command_is_what_ci_runs_first():
     assert ci_packages == packages, (installs[0], packages)
     first = nox_runs[0]
     assert first[first.index("nox"):] == run, (first, run)
+
+
+def _plugin_section() -> str:
+    return _section(README.read_text(), "Your own kernel or consumer (the pytest plugin)")
+
+
+def test_the_consumer_example_is_the_file_in_the_tree():
+    block = re.search(r"```python\n(.*?)```", _plugin_section(), re.S).group(1)
+    assert block == (REPO / "examples" / "five_axis_reader.py").read_text()
+
+
+def _indented_blocks(text: str) -> list[list[str]]:
+    """Each block of indented command lines in `text` (fenced code aside), a line ending in a backslash joined with
+    the next."""
+    blocks, current = [], []
+    for line in re.sub(r"```.*?```", "", text, flags=re.S).splitlines():
+        if line.startswith("    "):
+            current.append(line.strip())
+        elif current:
+            blocks.append(current)
+            current = []
+    commands = []
+    for block in blocks + ([current] if current else []):
+        joined = []
+        for line in block:
+            if joined and joined[-1].endswith("\\"):
+                joined[-1] = joined[-1][:-1] + line
+            else:
+                joined.append(line)
+        commands.append(joined)
+    return commands
+
+
+def test_the_consumer_example_passes_in_a_throwaway_project_as_the_readme_says(tmp_path):
+    # An environment with torch (this one's, seen through --system-site-packages), kvconform not in it: the README's
+    # lines install kvconform from the checkout, non-editable, and run the suites from the throwaway project.
+    env_dir = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(env_dir)], check=True)
+    project = tmp_path / "project"
+    project.mkdir()
+    lines = _indented_blocks(_plugin_section())[0]
+    script = "\n".join(["set -euo pipefail", f". {shlex.quote(str(env_dir / 'bin' / 'activate'))}", *lines,
+                         "python -c 'import kvconform; print(\"KVCONFORM AT\", kvconform.__file__)'"])
+    done = subprocess.run(["bash", "-c", script], cwd=project, capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "KVCONFORM": str(REPO), "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    installed = re.search(r"^KVCONFORM AT (\S+)$", out, re.M).group(1)
+    assert str(env_dir) in installed and str(REPO) not in installed, installed  # non-editable, in the new env
+    counts = {r: re.search(rf"^kvconform {re.escape(r)} \(replay\) five-axis-reader: (.+) ->", out, re.M).group(1)
+              for r in ("0.22.1", "0.25.1", "0.33.0")}
+    for release in ("0.22.1", "0.25.1"):  # passes on their per-layer model-dtype 5-axis caches, unsupported elsewhere
+        words = dict((w, int(n)) for n, w in re.findall(r"(\d+) ([a-z-]+)", counts[release]))
+        assert words.get("bit-identical") and words.get("rejected") and words.get("unsupported"), counts[release]
+        assert not set(words) - {"bit-identical", "rejected", "unsupported", "skipped", "not-applicable"}, words
+    words = dict((w, int(n)) for n, w in re.findall(r"(\d+) ([a-z-]+)", counts["0.33.0"]))
+    assert set(words) <= {"unsupported", "skipped", "not-applicable"} and words["unsupported"], words
+    assert (project / "results" / "0.33.0" / "results.jsonl").is_file()
