@@ -254,7 +254,7 @@ class KvconformPlugin:
             return
         if "target" in metafunc.fixturenames:
             targets = runner.targets(s, check)
-            metafunc.parametrize("target", targets, ids=[f"{t.release.release}-{t.contract.name}" for t in targets])
+            metafunc.parametrize("target", targets, ids=[f"{t.release.release}-{t.geometry}" for t in targets])
         if "release_contracts" in metafunc.fixturenames:
             metafunc.parametrize("release_contracts", s.releases, ids=[r.release for r in s.releases])
         if "dense_target" in metafunc.fixturenames:
