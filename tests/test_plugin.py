@@ -107,7 +107,7 @@ def test_a_subject_that_unbinds_axis_0_fails_exactly_on_blocks_first_and_packed(
     repros = re.findall(r"REPRO (\S+) release=(\S+)", out)
     assert repros and {r for _, r in repros} == {"0.25.1", "0.33.0"}, out[-3000:]
     assert "harness-error" not in out  # what the subject returned is the subject's outcome
-    kept = list((host.path / "kvconform-regressions" / "host-unbinds").glob("split-agrees-*.json"))
+    kept = list((host.path / "results" / "regressions" / "host-unbinds").glob("split-agrees-*.json"))
     assert kept  # shrunk examples are kept in the host project, replayed by its next run
 
 
@@ -142,7 +142,7 @@ def test_a_plain_run_registers_nothing_of_kvconform(host):
     host.makepyfile(test_plain=f"TRITON_BEFORE = {triton!r}\n" + REGISTERED_NOTHING)
     done = host.runpytest_subprocess("-p", "no:cacheprovider", "-q", "test_own.py", "test_plain.py")
     done.assert_outcomes(passed=2)
-    assert not (host.path / "results").exists() and not (host.path / "kvconform-regressions").exists()
+    assert not (host.path / "results").exists()
     assert "kvconform" not in done.stdout.str()
 
 
@@ -171,10 +171,29 @@ def test_help_lists_the_prefixed_options_without_vllm(host):
     ("nope", "unknown subject 'nope'"),
     ("os:path", "subject 'os:path': os.path is not a class"),
     ("no_such_module:Thing", "cannot import module 'no_such_module'"),
+    ("raises_on_import:Thing", "subject 'raises_on_import:Thing': importing module 'raises_on_import' raised "
+                               "RuntimeError: no GPU library here ("),
 ])
 def test_a_bad_subject_is_a_one_line_usage_error(host, subject, says):
+    host.makepyfile(raises_on_import="import os\n\nraise RuntimeError('no GPU library here')\n")
     done = host.runpytest_subprocess("--pyargs", "kvconform.suites", "--kvconform-release=0.33.0",
                                      f"--kvconform-subject={subject}")
+    assert done.ret == pytest.ExitCode.USAGE_ERROR
+    err = done.stderr.str()
+    assert says in err and "Traceback" not in err and "INTERNALERROR" not in err, err
+    if subject.startswith("raises"):
+        assert "raises_on_import.py:3)" in err, err  # the file and line that raised
+
+
+@pytest.mark.parametrize("args, env, says", [
+    (("--hypothesis-profile=kvconform-fast",), {}, "--hypothesis-profile=kvconform-fast: no such profile; "
+                                                   "kvconform's: kvconform-dev, kvconform-ci, kvconform-find"),
+    ((), {"KVCONFORM_PROFILE": "fast"}, "KVCONFORM_PROFILE=fast: no such profile; kvconform's: dev, ci, find"),
+])
+def test_an_unknown_profile_is_a_one_line_usage_error_naming_the_known_ones(host, monkeypatch, args, env, says):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    done = host.runpytest_subprocess("--pyargs", "kvconform.suites", "--kvconform-release=0.33.0", *args)
     assert done.ret == pytest.ExitCode.USAGE_ERROR
     err = done.stderr.str()
     assert says in err and "Traceback" not in err and "INTERNALERROR" not in err, err
@@ -201,6 +220,13 @@ def test_bad_recordings_and_known_findings_are_one_line_usage_errors_naming_the_
     err = done.stderr.str()
     assert done.ret == pytest.ExitCode.USAGE_ERROR and f"{contracts / '0.20.0.json'}:1:" in err, err
     assert "Traceback" not in err and "INTERNALERROR" not in err, err
+    (contracts / "0.20.0.json").write_text("{}")
+    done = host.runpytest_subprocess("--pyargs", "kvconform.suites", "--kvconform-release=0.20.0",
+                                     f"--kvconform-contracts-dir={contracts}")
+    err = done.stderr.str()
+    assert done.ret == pytest.ExitCode.USAGE_ERROR, err
+    assert f"{contracts / '0.20.0.json'}: not a recording: an empty JSON object, not an object with the fields " \
+           "release, contracts, observations and api" in err and "Traceback" not in err, err
     (known / "builtin.toml").write_text("[[finding]]\nreleases = '*'\n")
     done = host.runpytest_subprocess("--pyargs", "kvconform.suites", "--kvconform-release=0.33.0",
                                      f"--kvconform-known-findings={known}")
