@@ -637,7 +637,8 @@ class Runner:
         def generated(ex: Example, extra) -> None:
             self._one(target, check.name, fn, ex, extra, state, check.asks_subject)
 
-        for ex, value in (checks.resolve(check.explicit)(target.contract, sizes) if check.explicit else ()):
+        # Hypothesis runs the example attached last first: attached in reverse, they run in the order declared.
+        for ex, value in reversed(checks.resolve(check.explicit)(target.contract, sizes) if check.explicit else []):
             generated = hypothesis.example(ex=ex, extra=value)(generated)
 
         return self._limited(target, check.name, state, generated)

@@ -4,12 +4,24 @@ Compile-time values of a Triton kernel (head dim, block size, sparsity mode and 
 config is the subject's pinned choice) come from the small fixed sets of a `Sizes`, since each new combination is a
 compile (and the CPU interpreter is slow); runtime values (lengths, batch mix, page assignment, contents, layer
 counts, seeds) vary freely. Every builder shrinks towards the small, plain end (short, one sequence, no sparsity).
+
+A consumer that decides the layout from a tensor's shape alone is wrong exactly where two axes have the same size,
+so the sizes that make a shape ambiguous are drawn on purpose:
+- 2 KV heads (`Sizes.kv_heads` of both devices, drawn by `heads`): a packed [B, N, H=2, 2D] and a [B, N, KV=2, H*D]
+  reading have the same shape;
+- 2 or 3 pages (`num_blocks`, wherever the batch fits in them): the block axis is as long as the K/V axis;
+- block_size == head_dim (`cases`: CPU 64 and GPU 128 are each both a head dim and a block size): tokens and head
+  dim swap unseen;
+- 2 layers of a shared allocation (`layers`): the layer axis is as long as the K/V axis;
+`ambiguous` builds the explicit examples where all of these coincide at once; every check that hands a subject a
+cache (harness.checks) runs them first on every target, then the generated ones.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from hypothesis import strategies as st
@@ -17,6 +29,8 @@ from hypothesis import strategies as st
 from harness.cache import PAGE_ORDERS, Paging, paging
 from harness.cases import SPARSITY_MODES, Case, Sparsity
 from harness.contract import Contract, Dims
+
+AMBIGUOUS_KV_HEADS = 2
 
 
 @dataclass(frozen=True)
@@ -32,9 +46,23 @@ class Sizes:
     max_seqs: int
     long_len: int  # the "long" KV length; other lengths straddle page boundaries
 
+    def __post_init__(self) -> None:
+        # The ambiguous examples need each coincidence these sets can give; without one they would silently not be.
+        if not set(self.head_dims) & set(self.block_sizes):
+            raise ValueError(f"no head dim {self.head_dims} is also a block size {self.block_sizes}: "
+                             "block_size == head_dim cannot be drawn")
+        if AMBIGUOUS_KV_HEADS not in self.kv_heads:
+            raise ValueError(f"kv_heads {self.kv_heads} lack {AMBIGUOUS_KV_HEADS}")
 
-# CPU interpreter: 80 exercises the masked non-power-of-two head dim; lengths stay a few pages.
-CPU = Sizes(head_dims=(64, 80), block_sizes=(16, 32), dtypes=("float16", "bfloat16"), kv_heads=(1, 2),
+    @property
+    def coinciding(self) -> int:
+        """The smallest size that is both a head dim and a block size."""
+        return min(set(self.head_dims) & set(self.block_sizes))
+
+
+# CPU interpreter: 80 exercises the masked non-power-of-two head dim; 64 is a head dim and a block size; lengths stay
+# a few pages.
+CPU = Sizes(head_dims=(64, 80), block_sizes=(16, 32, 64), dtypes=("float16", "bfloat16"), kv_heads=(1, 2),
             groups=(1, 2, 4), nm_groups=(4, 8), max_seqs=3, long_len=100)
 # H200: realistic shapes (32 heads / 8 kv heads / dim 128, KV up to 8k, batches of 8+). One head dim and one N:M
 # group size: the built-in kernel has ~100 constexpr variants per head dim (dtype, causal, mode, tile, paged, split),
@@ -147,10 +175,11 @@ def num_blocks(draw, needed: int) -> int:
 
 @st.composite
 def layers(draw, contract: Contract) -> tuple[int, int]:
-    """(num_layers, layer): 1..8 layers for a shared allocation, any layer of them; (1, 0) otherwise."""
+    """(num_layers, layer): 1..8 layers for a shared allocation (2, as long as the K/V axis, on purpose), any layer
+    of them; (1, 0) otherwise."""
     if not contract.shared:
         return 1, 0
-    count = draw(st.integers(1, 8))
+    count = draw(st.one_of(st.integers(1, 8), st.just(2)))
     return count, draw(st.integers(0, count - 1))
 
 
@@ -194,13 +223,39 @@ class Example:
 
 
 @st.composite
-def examples(draw, contracts: list[Contract], sizes: Sizes, case: st.SearchStrategy[Case] | None = None) -> Example:
+def examples(draw, contracts: list[Contract], sizes: Sizes, case: st.SearchStrategy[Case] | None = None,
+             pages: Callable[[int], st.SearchStrategy[int]] = num_blocks) -> Example:
     """A case in one of `contracts` (every physical order and layer arrangement given), paged into a cache of
-    `num_blocks` pages in a shuffled, reversed or sequential order."""
+    `pages(needed)` pages in a shuffled, reversed or sequential order."""
     contract = draw(st.sampled_from(contracts))
     c = draw(case if case is not None else cases(sizes))
     num_layers, layer = draw(layers(contract))
     return Example(
-        c, contract, draw(num_blocks(c.blocks_needed())), num_layers, layer,
+        c, contract, draw(pages(c.blocks_needed())), num_layers, layer,
         page_order=draw(st.sampled_from(PAGE_ORDERS)), page_seed=draw(st.integers(0, 2**16)),
     )
+
+
+def ambiguous(contract: Contract, sizes: Sizes) -> list[Example]:
+    """The explicit examples of `contract`, where every size that makes a shape-only reading ambiguous coincides:
+    2 KV heads (GQA), block_size == head_dim (`Sizes.coinciding`), 2 layers of a shared allocation; at num_blocks 2 with both pages holding tokens, and at num_blocks 3 with the last
+    page holding the one token."""
+    dim = sizes.coinciding
+    count, layer = (2, 1) if contract.shared else (1, 0)
+    out = []
+    for blocks, kv_len in ((2, dim + 1), (3, 1)):
+        case = Case((1,), (kv_len,), AMBIGUOUS_KV_HEADS * max(sizes.groups), AMBIGUOUS_KV_HEADS, dim, dim,
+                    sizes.dtypes[0], seed=blocks)
+        out.append(Example(case, contract, blocks, count, layer, "reversed"))
+    return out
+
+
+def explicit(contract: Contract, sizes: Sizes) -> list[tuple[Example, None]]:
+    """(example, extra) run first on every target of a check with no argument of its own: the ambiguous examples."""
+    return [(ex, None) for ex in ambiguous(contract, sizes)]
+
+
+def explicit_malformed(contract: Contract, sizes: Sizes) -> list[tuple[Example, str]]:
+    """(example, malformation) run first on every target of rejects-malformed: each malformation of each ambiguous
+    example (where a malformed cache passes most easily for a valid one of other sizes)."""
+    return [(ex, m) for ex in ambiguous(contract, sizes) for m in MALFORMATIONS]

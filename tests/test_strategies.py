@@ -1,13 +1,22 @@
-"""The strategies build only valid examples, reach every corner they promise, and keep compile-time values fixed."""
+"""The strategies build only valid examples, reach every corner they promise, and keep compile-time values fixed;
+every check that hands a subject a cache runs the ambiguous examples first."""
 
+import dataclasses
+
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from harness import checks, fixtures, transfer
 from harness.cases import SPARSITY_MODES
 from harness.contract import cross_layer, families
-from harness.strategies import CPU, GPU, Example, examples, kv_lengths, num_blocks, sequence_mixes
+from harness.strategies import (AMBIGUOUS_KV_HEADS, CPU, GPU, MALFORMATIONS, Example, ambiguous, examples,
+                                kv_lengths, num_blocks, sequence_mixes)
 
 CONTRACTS = families() + [cross_layer(c, outer) for c in families()[:2] for outer in (True, False)]
+SIZES = {"cpu": CPU, "gpu": GPU}
+# The checks that hand a subject a cache: every suite whose check needs a split or a transfer.
+CACHE_CHECKS = [c for c in checks.CHECKS if c.module and c.needs & {"split", "transfer"}]
 FIND = settings(max_examples=2000, database=None, suppress_health_check=list(HealthCheck), phases=[Phase.generate])
 
 
@@ -124,3 +133,67 @@ def test_strategies_compose():
     # A suite can swap in its own case strategy and keep the geometry and paging builders.
     decode_only = st.builds(lambda e: e, examples(families(), CPU)).filter(lambda e: max(e.case.q_lens) == 1)
     assert max(find(decode_only, lambda e: len(e.case.q_lens) == 3, settings=FIND).case.q_lens) == 1
+
+
+# ---- the shape-ambiguous sizes -------------------------------------------------------------------------------------
+
+
+def _recorded_geometries():
+    """Every recorded K/V contract of every release, once per release (a target of it)."""
+    return [c for release in fixtures.releases()
+            for c in dict.fromkeys(c for c in fixtures.load(release).contracts if not c.latent)]
+
+
+def test_the_checks_that_hand_a_subject_a_cache_declare_the_ambiguous_examples():
+    assert {c.module for c in CACHE_CHECKS} == {"test_split", "test_malformed", "test_transfer", "test_bit_identity",
+                                               "test_determinism"}
+    c = families()[1]
+    for check in CACHE_CHECKS:
+        assert check.explicit, check.name
+        got = [ex for ex, _ in checks.resolve(check.explicit)(c, CPU)]
+        assert set(got) == set(ambiguous(c, CPU)), check.name
+
+
+@pytest.mark.parametrize("device", sorted(SIZES))
+def test_every_targets_explicit_examples_hold_the_coinciding_sizes(device):
+    sizes = SIZES[device]
+    geometries = _recorded_geometries()
+    assert len(geometries) > 500 and any(c.diff_kv for c in geometries) and any(c.shared for c in geometries)
+    for c in geometries:
+        built = ambiguous(c, sizes)
+        assert sorted((ex.num_blocks, ex.case.blocks_needed()) for ex in built) == [(2, 2), (3, 1)], c.name
+        for ex in built:
+            assert ex.case.kv_heads == AMBIGUOUS_KV_HEADS and ex.case.block_size == ex.case.head_dim, (c.name, ex)
+            assert (ex.num_layers, ex.layer) == ((2, 1) if c.shared else (1, 0)), c.name
+            assert ex.case.head_dim in sizes.block_sizes
+            c.validate(c.allocate(ex.dims, ex.case.torch_dtype, "meta"), ex.dims)
+            assert int(ex.paging().block_table.max()) == ex.num_blocks - 1  # the last page holds tokens
+        for check in CACHE_CHECKS:
+            pairs = checks.resolve(check.explicit)(c, sizes)
+            extras = {extra for _, extra in pairs}
+            if check is checks.REJECTS_MALFORMED:  # each malformation of each ambiguous example
+                assert sorted(pairs, key=repr) == sorted(((ex, m) for ex in built for m in MALFORMATIONS), key=repr)
+            else:
+                assert [ex for ex, _ in pairs] == built
+                assert extras == ({0} if check is checks.TRANSFER else {None}), check.name
+
+
+def test_sizes_without_a_coinciding_head_dim_and_block_size_are_refused():
+    with pytest.raises(ValueError, match=r"no head dim \(80,\) is also a block size \(16, 32\)"):
+        dataclasses.replace(CPU, head_dims=(80,), block_sizes=(16, 32))
+    with pytest.raises(ValueError, match=r"kv_heads \(1, 4\) lack 2"):
+        dataclasses.replace(CPU, kv_heads=(1, 4))
+    assert (CPU.coinciding, GPU.coinciding) == (64, 128)
+
+
+def test_generated_examples_reach_every_coincidence_at_once():
+    shared = [c for c in CONTRACTS if c.shared]
+    for sizes in (CPU, GPU):
+        find(examples(shared, sizes), lambda e: e.case.kv_heads == 2 and e.case.block_size == e.case.head_dim
+             and e.num_blocks == 2 and e.num_layers == 2, settings=FIND)
+    find(examples(shared, CPU), lambda e: e.case.kv_heads == 2 and e.case.block_size == e.case.head_dim
+         and e.num_blocks == e.case.blocks_needed() == 2, settings=FIND)  # both pages hold tokens
+    # transfer's own strategy too
+    find(transfer.examples(shared, CPU), lambda e: e.case.kv_heads == 2 and e.case.block_size == e.case.head_dim
+         and e.num_blocks == 2 and e.num_layers == 2, settings=FIND)
+
