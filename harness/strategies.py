@@ -10,8 +10,8 @@ so the sizes that make a shape ambiguous are drawn on purpose:
 - 2 KV heads (`Sizes.kv_heads` of both devices, drawn by `heads`): a packed [B, N, H=2, 2D] and a [B, N, KV=2, H*D]
   reading have the same shape;
 - 2 or 3 pages (`num_blocks`, wherever the batch fits in them): the block axis is as long as the K/V axis;
-- block_size == head_dim (`cases`: CPU 64 and GPU 128 are each both a head dim and a block size): tokens and head
-  dim swap unseen;
+- block_size == head_dim (`block_sizes`, twice as often as another block size; CPU 64 and GPU 128 are each both a
+  head dim and a block size): tokens and head dim swap unseen;
 - 2 layers of a shared allocation (`layers`): the layer axis is as long as the K/V axis;
 `ambiguous` builds the explicit examples where all of these coincide at once; every check that hands a subject a
 cache (harness.checks) runs them first on every target, then the generated ones.
@@ -122,16 +122,21 @@ def sparsities(draw, sizes: Sizes, mode: str | None = None) -> Sparsity:
     return Sparsity()
 
 
+def block_sizes(sizes: Sizes, head_dim: int) -> st.SearchStrategy[int]:
+    """A block size of `sizes`, the one as long as `head_dim` (where there is one) twice as often as each other."""
+    return st.sampled_from(sizes.block_sizes + ((head_dim,) if head_dim in sizes.block_sizes else ()))
+
+
 @st.composite
 def cases(draw, sizes: Sizes, mode: str | None = None) -> Case:
     """A valid Case with compile-time values from `sizes` and everything else free (the sparsity mode too, unless
     `mode` is given)."""
-    block_size = draw(st.sampled_from(sizes.block_sizes))
+    head_dim = draw(st.sampled_from(sizes.head_dims))
+    block_size = draw(block_sizes(sizes, head_dim))
     q_lens, kv_lens = draw(sequence_mixes(block_size, sizes))
     num_heads, kv_heads = draw(heads(sizes))
     return Case(
-        q_lens, kv_lens, num_heads, kv_heads,
-        head_dim=draw(st.sampled_from(sizes.head_dims)), block_size=block_size,
+        q_lens, kv_lens, num_heads, kv_heads, head_dim=head_dim, block_size=block_size,
         dtype=draw(st.sampled_from(sizes.dtypes)), causal=draw(st.booleans().map(lambda b: not b)),
         sparsity=draw(sparsities(sizes, mode)), seed=draw(st.integers(0, 2**16)),
     )

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from harness import checks, fixtures, transfer
 from harness.cases import SPARSITY_MODES
 from harness.contract import cross_layer, families
-from harness.strategies import (AMBIGUOUS_KV_HEADS, CPU, GPU, MALFORMATIONS, Example, ambiguous, examples,
-                                kv_lengths, num_blocks, sequence_mixes)
+from harness.strategies import (AMBIGUOUS_KV_HEADS, CPU, GPU, MALFORMATIONS, Example, ambiguous, block_sizes,
+                                examples, kv_lengths, num_blocks, sequence_mixes)
 
 CONTRACTS = families() + [cross_layer(c, outer) for c in families()[:2] for outer in (True, False)]
 SIZES = {"cpu": CPU, "gpu": GPU}
@@ -66,6 +66,19 @@ def test_compile_time_values_come_from_the_fixed_sets(ex):
     if c.sparsity.mode == "nm":
         assert c.sparsity.m in CPU.nm_groups
     assert max(c.kv_lens) <= CPU.long_len and len(c.kv_lens) <= CPU.max_seqs
+
+
+def test_a_block_size_as_long_as_the_head_dim_comes_twice_as_often():
+    assert find(block_sizes(CPU, 64), lambda b: b == 64, settings=FIND) == 64
+    counts = {b: 0 for b in CPU.block_sizes}
+
+    @settings(max_examples=600, database=None, derandomize=True, phases=[Phase.generate])
+    @given(b=block_sizes(CPU, 64))
+    def tally(b):
+        counts[b] += 1
+
+    tally()
+    assert counts[64] > max(counts[16], counts[32]), counts
 
 
 def test_page_boundary_lengths_are_reached():
@@ -187,13 +200,16 @@ def test_sizes_without_a_coinciding_head_dim_and_block_size_are_refused():
 
 
 def test_generated_examples_reach_every_coincidence_at_once():
+    # Rarer than one corner at a time (measured: about 1 in 400 draws on the GPU sizes, 1 in 100 on the CPU ones): a
+    # fixed seed and a larger budget.
+    fixed = settings(FIND, max_examples=5000, derandomize=True)
     shared = [c for c in CONTRACTS if c.shared]
     for sizes in (CPU, GPU):
         find(examples(shared, sizes), lambda e: e.case.kv_heads == 2 and e.case.block_size == e.case.head_dim
-             and e.num_blocks == 2 and e.num_layers == 2, settings=FIND)
+             and e.num_blocks == 2 and e.num_layers == 2, settings=fixed)
     find(examples(shared, CPU), lambda e: e.case.kv_heads == 2 and e.case.block_size == e.case.head_dim
-         and e.num_blocks == e.case.blocks_needed() == 2, settings=FIND)  # both pages hold tokens
+         and e.num_blocks == e.case.blocks_needed() == 2, settings=fixed)  # both pages hold tokens
     # transfer's own strategy too
     find(transfer.examples(shared, CPU), lambda e: e.case.kv_heads == 2 and e.case.block_size == e.case.head_dim
-         and e.num_blocks == 2 and e.num_layers == 2, settings=FIND)
+         and e.num_blocks == 2 and e.num_layers == 2, settings=fixed)
 
