@@ -558,7 +558,7 @@ class Runner:
     # helpers for the checks
     def prepare(self, ex: Example) -> Prepared:
         """Tokens written where the release's contract says (what vLLM's cache write does), pages poisoned."""
-        q, k, v = ex.case.inputs(self.device)
+        q, k, v = ex.inputs(self.device)
         k, v = ex.contract.dtype.stored(k), ex.contract.dtype.stored(v)
         pages = ex.paging().to(self.device)
         return Prepared(q, k, v, filled(ex.contract, ex.dims, pages, k, v), pages)
@@ -742,7 +742,8 @@ class Runner:
         """ONE line that reproduces a failing example: what it is, and the command that replays it."""
         return (f"REPRO {check} release={target.release.release} ({target.release.source}) "
                 f"geometry={target.geometry} layers={ex.num_layers}/{ex.layer} num_blocks={ex.num_blocks} "
-                f"pages={ex.page_order}/{ex.page_seed} extra={extra!r} {ex.case!r} :: "
+                f"pages={ex.page_order}/{ex.page_seed} "
+                + (f"head_dim_v={ex.head_dim_v} " if ex.head_dim_v else "") + f"extra={extra!r} {ex.case!r} :: "
                 f"{self.replay_command} {self.s.args} -k {ex.digest()}")
 
     def _keep_regression(self, target: Target, check: str, ex: Example, extra) -> None:

@@ -2,7 +2,7 @@
 as long as a K/V axis and naive layout detection is ambiguous), and which blocks move where.
 
 Every target first runs the ambiguous examples (harness.strategies.ambiguous: 2 KV heads, block_size == head_dim,
-two layers of a shared allocation), each moving every page that holds tokens:
+two layers of a shared allocation, V's own head dim on a diff-KV contract), each moving every page that holds tokens:
 at num_blocks 2 both pages hold tokens and swap places, at num_blocks 3 the last page moves. Generated examples then
 come half from one-sequence cases that fit 2 or 3 pages, half from the ordinary strategy (at least 2 pages, so that
 every block has another to go to).

@@ -8,15 +8,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import fixtures, runner
+from hypothesis import settings
+
+from harness import fixtures, profiles, results, runner
 from harness.contract import ContractError, Dims
 from harness.layer import contract_of, in_force, layer_for, setting_of
+from harness.results import Word
 from harness.subjects import capabilities_of
 from harness.vllm_api import backend_class
+from kvconform.suites import test_split as split_check
+from kvconform.suites import test_transfer as transfer_check
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import offloader  # noqa: E402
 
+profiles.register()
 RELEASES = {name: runner.load_release(name, fixtures.ROOT) for name in fixtures.releases()}
 # Every recorded K/V geometry, once per release, with the setting it was first read under.
 GEOMETRIES = [(r, c) for r in RELEASES.values() for c in dict.fromkeys(c for c in r.contracts if not c.latent)]
@@ -141,6 +147,81 @@ def test_each_example_consumer_is_wrong_exactly_where_its_rule_says(example):
     want = {(r.release, c.name, d) for r, c, d in tried if rule(c, d)}
     assert got == want, (sorted(got - want, key=str)[:8], sorted(want - got, key=str)[:8])
     assert example is offloader.Offloader or got  # the rules of the wrong ones are not empty
+
+
+@pytest.fixture
+def diff_kv_session(tmp_path):
+    """The diff-KV geometries of one packed-tokens and one packed release, derandomised."""
+    before = settings.get_current_profile_name()
+    settings.load_profile("kvconform-ci")
+
+    def start(subject):
+        s = runner.start("offloader:Offloader", ["0.17.1", "0.33.0"], fixtures.ROOT, tmp_path / "results",
+                         tmp_path / "regressions", runner.findings.DIRECTORY, "cpu", "test-main", "",
+                         ("FLASH_ATTN_DIFFKV",))
+        s.subject, s.subject_name = subject, subject.name
+        return s
+
+    yield start
+    settings.load_profile(before)
+
+
+class StacksKV(offloader.Offloader):
+    """The Offloader's views, its payload one tensor of K's blocks and V's stacked (which needs them equally wide)."""
+
+    name = "stacks-kv"
+
+    def extract(self, kv_cache, layer, block_ids):
+        k, v = self.split(kv_cache, layer)
+        return torch.stack([k[block_ids], v[block_ids]])
+
+
+def _caught(s, suite) -> dict[tuple[str, str], str]:
+    """Each target of `suite`'s check that the runner finds a new finding on, with its message."""
+    caught = {}
+    for t in runner.targets(s, suite.CHECK):
+        try:
+            runner.Runner(s, "pytest x", 1).run(t, suite.CHECK, suite.check)
+        except runner.NewFinding as e:
+            caught[t.release.release, t.geometry] = str(e)
+    return caught
+
+
+def _diff_kv_geometries(s, suite) -> set[tuple[str, str]]:
+    got = {(t.release.release, t.geometry) for t in runner.targets(s, suite.CHECK)}
+    assert len(got) > 10 and all(g.endswith(("+diffkv", "+diffkv@fp8_e4m3")) for _, g in got)
+    return got
+
+
+def _green(s) -> None:
+    rows = [r for r in results.read(s.results_dir, files="results.*.jsonl") if r.subject == s.subject_name]
+    assert rows and {r.outcome for r in rows} == {Word.BIT_IDENTICAL}
+
+
+def test_split_agrees_catches_halving_c_on_every_diff_kv_geometry_and_passes_the_offloader(diff_kv_session):
+    s = diff_kv_session(HalvesC())
+    caught = _caught(s, split_check)
+    assert set(caught) == _diff_kv_geometries(s, split_check)
+    for text in caught.values():
+        assert text.startswith("differs: K view of kv_cache") and " head_dim_v=" in text.splitlines()[-1], text
+    s = diff_kv_session(offloader.Offloader())
+    assert _caught(s, split_check) == {}
+    _green(s)
+
+
+def test_transfer_catches_a_payload_that_needs_k_and_v_equally_wide_and_passes_whole_rows(diff_kv_session):
+    # Transfer judges the bytes moved: halves of C still move every element of a block, so halving C passes it (the
+    # wrong views are split-agrees' finding). A payload stacking K and V needs them equally wide: every diff-KV
+    # geometry now refuses it.
+    s = diff_kv_session(StacksKV())
+    caught = _caught(s, transfer_check)
+    assert set(caught) == _diff_kv_geometries(s, transfer_check)
+    assert all(text.startswith("subject-error: RuntimeError: stack expects each tensor to be equal size")
+               and " head_dim_v=" in text.splitlines()[-1] for text in caught.values()), caught
+    for subject in (HalvesC(), offloader.Offloader()):
+        s = diff_kv_session(subject)
+        assert _caught(s, transfer_check) == {}, subject.name
+    _green(s)
 
 
 class OldProtocol:
