@@ -392,14 +392,17 @@ def targets(session: Session, check: Check | None = None) -> list[Target]:
     handing a layer the same geometry share it), K/V caches only (`outside`); diff-KV caches only for checks that
     launch no kernel (`check` None: every geometry some check takes)."""
     return [Target(r, c) for r in session.releases
-            for c in dict.fromkeys(c for c in r.contracts if session.selects(c) and not _outside(c, check))]
+            for c in dict.fromkeys(c for c in r.contracts
+                                   if session.selects(c) and not _outside(c, session.sizes, check))]
 
 
-def _outside(c: Contract, check: Check | None = None) -> str:
+def _outside(c: Contract, sizes: Sizes, check: Check | None = None) -> str:
     if c.latent:
         return "a latent (MLA) cache holds no K/V pair for a K/V subject to split"
     if c.diff_kv and check is not None and check.kernels:
-        return "the forward checks' cases have one head dim for K and V, a diff-KV cache two"
+        drawn = " or ".join(f"K {k} / V {v}" for k, v in sizes.diff_kv_dims)
+        return (f"the subject's forwards take one head size for K and V, while a diff-KV cache has two (its examples "
+                f"draw head sizes {drawn}): no forward check takes it")
     return ""
 
 
@@ -410,7 +413,7 @@ def record_outside(session: Session) -> int:
         why: dict[str, list[str]] = {}
         kernels = FORWARD in session.capabilities
         for c in dict.fromkeys(c for c in r.contracts if session.selects(c)):
-            reason = _outside(c) or (_outside(c, checks.BIT_IDENTITY) if kernels else "")
+            reason = _outside(c, session.sizes) or (_outside(c, session.sizes, checks.BIT_IDENTITY) if kernels else "")
             if reason:
                 why.setdefault(reason, []).append(c.name)
         if why:

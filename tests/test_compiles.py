@@ -79,7 +79,7 @@ def launches():
 def session(tmp_path_factory):
     """A session over every recording (every backend and cache dtype): what the warm-up and the examples meet."""
     d = tmp_path_factory.mktemp("session")
-    return runner.start("builtin", ["recorded"], fixtures.ROOT, d, d, d, findings.DIRECTORY, "cpu", "test", "")
+    return runner.start("builtin", ["recorded"], fixtures.ROOT, d, d, findings.DIRECTORY, "cpu", "test", "")
 
 
 @pytest.fixture(scope="module")
