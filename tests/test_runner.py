@@ -128,13 +128,14 @@ def test_a_kept_regression_replays_on_each_release_as_that_release_hands_the_cac
 
 
 def test_the_kernel_checks_say_why_they_take_no_diff_kv_cache_naming_the_head_sizes(tmp_path):
-    s = runner.start("builtin", ["0.17.1"], runner.fixtures.ROOT, tmp_path / "results", tmp_path, runner.findings.DIRECTORY,
-                     "cpu", "t", "")
+    s = runner.start("builtin", ["0.17.1"], runner.fixtures.ROOT, tmp_path / "results", tmp_path,
+                     runner.findings.DIRECTORY, "cpu", "t", "")
     diff_kv = list(dict.fromkeys(c.name for c in s.releases[0].contracts if c.diff_kv))
     assert diff_kv and not set(diff_kv) & {t.geometry for t in runner.targets(s, checks.BIT_IDENTITY)}
     assert set(diff_kv) <= {t.geometry for t in runner.targets(s, checks.SPLIT_AGREES)}
     assert runner.record_outside(s) == 1
-    [line] = [r.diagnosis for r in results.read(s.results_dir, files="results.*.jsonl") if r.check == checks.KV_CHECKS.name]
+    rows = results.read(s.results_dir, files="results.*.jsonl")
+    [line] = [r.diagnosis for r in rows if r.check == checks.KV_CHECKS.name]
     assert (f"{len(diff_kv)} geometries ({', '.join(diff_kv)}): the subject's forwards take one "
             "head size for K and V, while a diff-KV cache has two (its examples draw head sizes K 64 / V 32 or "
             "K 80 / V 48)") in line, line
