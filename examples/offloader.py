@@ -4,9 +4,10 @@ layout setting in force) and vLLM's own API, as they would inside vLLM.
 
 - `Offloader` asks the backend: `get_kv_cache_shape` at sentinel sizes, varying one size per call, names every axis
   (the block axis is the one that follows num_blocks, K/V the one of size 2 that follows nothing); where the release
-  has no `get_kv_cache_shape` (the KVCacheLayout releases) it reads the layer's view as [B, H, N, C], K and V halves
-  of C, as the enum's docstring states for model-dtype caches, and an nvfp4 cache as [B, 2H, N, D], K's heads then
-  V's, as FlashInfer's NVFP4 spec allocates it.
+  has no `get_kv_cache_shape` (the KVCacheLayout releases) it reads the layer's view as [B, H, N, C], as the enum's
+  docstring states for model-dtype caches, and an nvfp4 cache as [B, 2H, N, D], K's heads then V's, as FlashInfer's
+  NVFP4 spec allocates it. C holds K's stored row (layer.head_size values, then an inline scale where the cache
+  dtype keeps one), then V's (layer.head_size_v values: a diff-KV backend's V is narrower than K).
 - `BlocksFirstConnector` calls `get_kv_cache_shape` once at num_blocks 1: a first axis of 1 is blocks-first
   [B, 2, N, H, D], anything else kv-first [2, B, N, H, D].
 - `ShapeSniffingReader` asks nothing: a first axis of size 2 is kv-first, 4 axes are packed [B, H, N, 2D].
@@ -40,7 +41,9 @@ class Offloader:
 
     def extract(self, kv_cache, layer, block_ids):
         k, v = self.split(kv_cache, layer)
-        return torch.stack([k[block_ids], v[block_ids]]).to("cpu")  # a copy: the blocks are reused after this
+        # Indexing by a tensor of block ids copies: the blocks are reused after this. K and V apart: on a diff-KV
+        # cache they have their own widths.
+        return k[block_ids].to("cpu"), v[block_ids].to("cpu")
 
     def inject(self, kv_cache, layer, block_ids, payload):
         k, v = self.split(kv_cache, layer)
@@ -49,7 +52,8 @@ class Offloader:
 
 
 def views(kv_cache, layer, axes):
-    """K and V [B, N, H, D] of a cache whose axes are named `axes`, in the cache's view type."""
+    """K and V [B, N, H, D] of a cache whose axes are named `axes`, in the cache's view type; packed, K is C up to
+    K's stored width."""
     kv_cache = typed(kv_cache, layer)
     if "KV" in axes:
         t = kv_cache.permute([axes.index(a) for a in ("KV", "B", "N", "H", "D")])
@@ -58,8 +62,14 @@ def views(kv_cache, layer, axes):
         t = kv_cache.permute([axes.index(a) for a in ("B", "N", "S", "D")])
         return t[:, :, : layer.num_kv_heads], t[:, :, layer.num_kv_heads:]
     t = kv_cache.permute([axes.index(a) for a in ("B", "N", "H", "C")])
-    half = t.shape[-1] // 2
-    return t[..., :half], t[..., half:]
+    k = width(layer, layer.head_size)
+    return t[..., :k], t[..., k:]
+
+
+def width(layer, head_size):
+    """Elements one side of a token and head takes in the cache: its values, then in a per-token-head fp8 cache its
+    fp32 scale (4 fp8 elements)."""
+    return head_size + 4 if layer.cache_dtype == "fp8_per_token_head" else head_size
 
 
 def typed(kv_cache, layer):
@@ -112,8 +122,8 @@ def fits(kv_cache, layer, axes) -> bool:
     elif "S" in axes:
         if (kv_cache.shape[1], kv_cache.shape[2]) != (2 * layer.num_kv_heads, layer.block_size):
             return False
-    elif (kv_cache.shape[1], kv_cache.shape[2]) != (layer.num_kv_heads, layer.block_size) or kv_cache.shape[3] % 2 \
-            or (layer.cache_dtype == "auto" and kv_cache.shape[3] != 2 * layer.head_size):
+    elif (kv_cache.shape[1], kv_cache.shape[2], kv_cache.shape[3]) != (
+            layer.num_kv_heads, layer.block_size, width(layer, layer.head_size) + width(layer, layer.head_size_v)):
         return False
     order = stated_order(layer, axes)
     long = [a for a, n in zip(axes, kv_cache.shape) if n > 1]

@@ -56,23 +56,25 @@ def paging(
 
 
 def write(k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Store token rows k, v [total_kv, H, D] at their slots in canonical views [B, N, H, D], in place."""
+    """Store token rows k [total_kv, H, Dk] and v [total_kv, H, Dv] at their slots in canonical views [B, N, H, Dk]
+    and [B, N, H, Dv], in place."""
     page, offset = _slots(paging, k_cache.device)
     _indexable(k_cache)[page, offset] = _indexable(k.to(k_cache.dtype))
     _indexable(v_cache)[page, offset] = _indexable(v.to(v_cache.dtype))
 
 
 def filled(contract: Contract, dims: Dims, paging: Paging, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """A layer's kv_cache in `contract`'s geometry holding token rows k, v [total_kv, H, D] as its cache dtype stores
-    them (`Contract.stored`) where the contract puts them (what vLLM's cache write does); every other element
-    poisoned."""
+    """A layer's kv_cache in `contract`'s geometry holding token rows k [total_kv, H, Dk] and v [total_kv, H, Dv] as
+    its cache dtype stores them (`Contract.stored`) where the contract puts them (what vLLM's cache write does); every
+    other element poisoned."""
     kv_cache = contract.allocate(dims, k.dtype, k.device)
     write(*contract.split(kv_cache, dims), paging, k, v)
     return kv_cache
 
 
 def read(k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rows [total_kv, H, D] gathered back from canonical views through the slot mapping."""
+    """Token rows [total_kv, H, Dk] and [total_kv, H, Dv] gathered back from canonical views through the slot
+    mapping."""
     page, offset = _slots(paging, k_cache.device)
     return (_indexable(k_cache)[page, offset].view(k_cache.dtype),
             _indexable(v_cache)[page, offset].view(v_cache.dtype))

@@ -2,7 +2,8 @@
 
 Each sequence attends from its q_len queries to its kv_len keys; the queries are the last q_len positions of
 the KV span (prefill: q_len == kv_len; chunked prefill / prefix hit: q_len < kv_len; decode: q_len == 1).
-Token tensors are concatenated over sequences: q [total_q, num_heads, D], k and v [total_kv, kv_heads, D].
+Token tensors are concatenated over sequences: q [total_q, num_heads, D], k and v [total_kv, kv_heads, D]
+(v [total_kv, kv_heads, Dv] where V has its own head dim, harness.strategies.Example).
 """
 
 from __future__ import annotations
@@ -83,11 +84,13 @@ class Case:
         """A short stable id of the whole case."""
         return hashlib.sha1(repr(self).encode()).hexdigest()[:12]
 
-    def inputs(self, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def inputs(self, device: str | torch.device = "cpu", head_dim_v: int = 0
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Seeded q, k, v token tensors (normal, never zeros), drawn by the device's own generator: the same seed
         gives the same bits on every run on one kind of device (a CPU draw of a GPU-sized batch would cost more
-        than the kernels it feeds)."""
+        than the kernels it feeds). v is `head_dim_v` wide where given (a diff-KV cache's V), else head_dim."""
         g = torch.Generator(device=device).manual_seed(self.seed)
         tq, tk = sum(self.q_lens), sum(self.kv_lens)
-        return tuple(torch.randn(n, heads, self.head_dim, generator=g, device=device).to(self.torch_dtype)
-                     for n, heads in ((tq, self.num_heads), (tk, self.kv_heads), (tk, self.kv_heads)))
+        return tuple(torch.randn(n, heads, dim, generator=g, device=device).to(self.torch_dtype)
+                     for n, heads, dim in ((tq, self.num_heads, self.head_dim), (tk, self.kv_heads, self.head_dim),
+                                           (tk, self.kv_heads, head_dim_v or self.head_dim)))

@@ -8,7 +8,9 @@ counted by the benchmarks); `vllm` examples run vLLM's own device op; `none` loo
 1/20 of a launch, so they get CHEAP_FACTOR times the examples. Items run in `order` (stored regressions first).
 A check with no suite module (`module` empty) is recorded by another's: drift by the contracts suite, install by
 the nox session, `K/V checks` for the geometries no K/V check covers. Strategies are named "module:function" and
-imported where examples are drawn, so that this module imports nothing (nox's own interpreter reads it).
+imported where examples are drawn, so that this module imports nothing (nox's own interpreter reads it). Every
+check that hands a subject a cache runs `explicit` examples first on every target: harness.strategies.ambiguous, the
+sizes at which a shape-only reading of the cache is ambiguous.
 """
 
 from __future__ import annotations
@@ -59,10 +61,10 @@ class Check:
 INSTALL = Check("install", order=0)
 CONTRACTS = Check("contracts", order=1, module="test_contracts")
 DRIFT = Check("drift", order=1, says={"bit-identical": "no drift", "differs": "drift"})
-SPLIT_AGREES = Check("split-agrees", frozenset({"split"}), module="test_split",
-                     says={"bit-identical": "agrees", "differs": "disagrees"})
-REJECTS_MALFORMED = Check("rejects-malformed", frozenset({"split"}), module="test_malformed",
-                          extra="harness.strategies:malformations")
+SPLIT_AGREES = Check("split-agrees", frozenset({"split"}), explicit="harness.strategies:explicit",
+                     module="test_split", says={"bit-identical": "agrees", "differs": "disagrees"})
+REJECTS_MALFORMED = Check("rejects-malformed", frozenset({"split"}), explicit="harness.strategies:explicit_malformed",
+                          extra="harness.strategies:malformations", module="test_malformed")
 TRANSFER = Check("transfer", frozenset({"transfer"}), strategy="harness.transfer:examples",
                  explicit="harness.transfer:explicit", extra="harness.transfer:seeds", module="test_transfer")
 RELAYOUT = Check("relayout", frozenset({"transfer"}), strategy="harness.transfer:examples",
@@ -73,9 +75,10 @@ VLLM_WRITE = Check("vllm-write", launches="vllm", order=1, module="test_vllm_wri
 ORACLE = Check("oracle", frozenset({"forward"}), launches="subject", order=2, module="test_oracle",
                says={"differs": "out of tolerance"})  # its items are the longest: they start first
 BIT_IDENTITY = Check("bit-identity", frozenset({"split", "forward"}), launches="subject", order=3,
-                     module="test_bit_identity")
+                     explicit="harness.strategies:explicit", module="test_bit_identity")
 DETERMINISM = Check("determinism", frozenset({"split", "forward"}), launches="subject", order=3,
-                    module="test_determinism", says={"differs": "nondeterministic"})
+                    explicit="harness.strategies:explicit", module="test_determinism",
+                    says={"differs": "nondeterministic"})
 ULP_AUTOTUNED = Check("ulp-autotuned", frozenset({"split", "forward"}), launches="subject", order=3)  # bench only
 
 # In the order a reader follows a release: could it be installed and read, then the layout, then the kernels.

@@ -226,7 +226,7 @@ class Session:
             kernels = FORWARD in self.capabilities
             outside: dict[str, list[str]] = {}
             for c in dict.fromkeys(c for c in r.contracts if self.selects(c)):
-                reason = _outside(c) or (_outside(c, checks.BIT_IDENTITY) if kernels else "")
+                reason = _outside(c, self.sizes) or (_outside(c, self.sizes, checks.BIT_IDENTITY) if kernels else "")
                 if reason:
                     outside.setdefault(reason, []).append(c.name)
             refused: dict[str, list[str]] = {}
@@ -517,7 +517,8 @@ def targets(session: Session, check: Check | None = None) -> list[Target]:
     if check is checks.RELAYOUT:
         return relayout_targets(session)
     return [Target(r, c) for r in session.releases
-            for c in dict.fromkeys(c for c in r.contracts if session.selects(c) and not _outside(c, check))]
+            for c in dict.fromkeys(c for c in r.contracts
+                                   if session.selects(c) and not _outside(c, session.sizes, check))]
 
 
 def relayout_targets(session: Session) -> list[Target]:
@@ -528,7 +529,7 @@ def relayout_targets(session: Session) -> list[Target]:
     for r in session.releases:
         groups: dict[tuple, dict[Contract, None]] = {}
         for c in r.contracts:
-            if session.selects(c) and not _outside(c):
+            if session.selects(c) and not _outside(c, session.sizes):
                 groups.setdefault((c.origin.backend_name, c.cache_dtype, c.shared), {})[c] = None
         pairs: dict[tuple[Contract, Contract], None] = {}
         for group in groups.values():
@@ -539,11 +540,13 @@ def relayout_targets(session: Session) -> list[Target]:
     return out
 
 
-def _outside(c: Contract, check: Check | None = None) -> str:
+def _outside(c: Contract, sizes: Sizes, check: Check | None = None) -> str:
     if c.latent:
         return "a latent (MLA) cache holds no K/V pair for a K/V subject to split"
     if c.diff_kv and check is not None and check.kernels:
-        return "the forward checks' cases have one head dim for K and V, a diff-KV cache two"
+        drawn = " or ".join(f"K {k} / V {v}" for k, v in sizes.diff_kv_dims)
+        return (f"the subject's forwards take one head size for K and V, while a diff-KV cache has two (its examples "
+                f"draw head sizes {drawn}): no forward check takes it")
     return ""
 
 
@@ -554,7 +557,7 @@ def record_outside(session: Session) -> int:
         why: dict[str, list[str]] = {}
         kernels = FORWARD in session.capabilities
         for c in dict.fromkeys(c for c in r.contracts if session.selects(c)):
-            reason = _outside(c) or (_outside(c, checks.BIT_IDENTITY) if kernels else "")
+            reason = _outside(c, session.sizes) or (_outside(c, session.sizes, checks.BIT_IDENTITY) if kernels else "")
             if reason:
                 why.setdefault(reason, []).append(c.name)
         if why:
@@ -704,7 +707,7 @@ class Runner:
     # helpers for the checks
     def prepare(self, ex: Example) -> Prepared:
         """Tokens written where the release's contract says (what vLLM's cache write does), pages poisoned."""
-        q, k, v = ex.case.inputs(self.device)
+        q, k, v = ex.inputs(self.device)
         k, v = ex.contract.dtype.stored(k), ex.contract.dtype.stored(v)
         pages = ex.paging().to(self.device)
         return Prepared(q, k, v, filled(ex.contract, ex.dims, pages, k, v), pages)
@@ -793,7 +796,8 @@ class Runner:
         def generated(ex: Example, extra) -> None:
             self._one(target, check, fn, ex, extra, state)
 
-        for ex, value in (checks.resolve(check.explicit)(target.contract, sizes) if check.explicit else ()):
+        # Hypothesis runs the example attached last first: attached in reverse, they run in the order declared.
+        for ex, value in reversed(checks.resolve(check.explicit)(target.contract, sizes) if check.explicit else []):
             generated = hypothesis.example(ex=ex, extra=value)(generated)
         generated = hypothesis.seed(item_seed(self.s.seed, check.name, target))(generated)
 
@@ -912,7 +916,8 @@ class Runner:
         """ONE line that reproduces a failing example: what it is, and the command that replays it."""
         return (f"REPRO {check} release={target.release.release} ({target.release.source}) "
                 f"geometry={target.geometry} layers={ex.num_layers}/{ex.layer} num_blocks={ex.num_blocks} "
-                f"pages={ex.page_order}/{ex.page_seed} extra={extra!r} {ex.case!r} :: "
+                f"pages={ex.page_order}/{ex.page_seed} "
+                + (f"head_dim_v={ex.head_dim_v} " if ex.head_dim_v else "") + f"extra={extra!r} {ex.case!r} :: "
                 f"{self.replay_command} {self.s.args} -k {ex.digest()}")
 
     def _keep_regression(self, target: Target, check: str, ex: Example, extra) -> None:

@@ -4,24 +4,42 @@ Compile-time values of a Triton kernel (head dim, block size, sparsity mode and 
 config is the subject's pinned choice) come from the small fixed sets of a `Sizes`, since each new combination is a
 compile (and the CPU interpreter is slow); runtime values (lengths, batch mix, page assignment, contents, layer
 counts, seeds) vary freely. Every builder shrinks towards the small, plain end (short, one sequence, no sparsity).
+
+A consumer that decides the layout from a tensor's shape alone is wrong exactly where two axes have the same size,
+so the sizes that make a shape ambiguous are drawn on purpose:
+- 2 KV heads (`Sizes.kv_heads` of both devices, drawn by `heads`): a packed [B, N, H=2, 2D] and a [B, N, KV=2, H*D]
+  reading have the same shape;
+- 2 or 3 pages (`num_blocks`, wherever the batch fits in them): the block axis is as long as the K/V axis;
+- block_size == head_dim (`block_sizes`, twice as often as another block size; CPU 64 and GPU 128 are each both a
+  head dim and a block size): tokens and head dim swap unseen;
+- 2 layers of a shared allocation (`layers`): the layer axis is as long as the K/V axis;
+- on a diff-KV contract, V's head dim unlike K's (`examples`, from `Sizes.diff_kv_dims`): C is not two halves.
+`ambiguous` builds the explicit examples where all of these coincide at once; every check that hands a subject a
+cache (harness.checks) runs them first on every target, then the generated ones.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 
+import torch
 from hypothesis import strategies as st
 
 from harness.cache import PAGE_ORDERS, Paging, paging
 from harness.cases import SPARSITY_MODES, Case, Sparsity
 from harness.contract import Contract, Dims
 
+AMBIGUOUS_KV_HEADS = 2
+
 
 @dataclass(frozen=True)
 class Sizes:
-    """The fixed compile-time sets and the runtime size limits one device can afford."""
+    """The fixed compile-time sets and the runtime size limits one device can afford. `diff_kv_dims` are the (K's,
+    V's) head dims of diff-KV examples, V's unlike K's as the diff-KV backends are used; the checks that take
+    diff-KV caches launch no kernel, so they need not be kernel head dims."""
 
     head_dims: tuple[int, ...]
     block_sizes: tuple[int, ...]
@@ -31,16 +49,37 @@ class Sizes:
     nm_groups: tuple[int, ...]  # N:M group size m
     max_seqs: int
     long_len: int  # the "long" KV length; other lengths straddle page boundaries
+    diff_kv_dims: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        # The ambiguous examples need each coincidence these sets can give; without one they would silently not be.
+        if not set(self.head_dims) & set(self.block_sizes):
+            raise ValueError(f"no head dim {self.head_dims} is also a block size {self.block_sizes}: "
+                             "block_size == head_dim cannot be drawn")
+        if AMBIGUOUS_KV_HEADS not in self.kv_heads:
+            raise ValueError(f"kv_heads {self.kv_heads} lack {AMBIGUOUS_KV_HEADS}")
+        same = [p for p in self.diff_kv_dims if p[0] == p[1]]
+        if same or self.coinciding not in dict(self.diff_kv_dims):
+            raise ValueError(f"diff_kv_dims {self.diff_kv_dims} must pair K's head dim with another V head dim "
+                             f"(equal: {same}) and hold K's head dim {self.coinciding} (a head dim and a block size)")
+
+    @property
+    def coinciding(self) -> int:
+        """The smallest size that is both a head dim and a block size."""
+        return min(set(self.head_dims) & set(self.block_sizes))
 
 
-# CPU interpreter: 80 exercises the masked non-power-of-two head dim; lengths stay a few pages.
-CPU = Sizes(head_dims=(64, 80), block_sizes=(16, 32), dtypes=("float16", "bfloat16"), kv_heads=(1, 2),
-            groups=(1, 2, 4), nm_groups=(4, 8), max_seqs=3, long_len=100)
+# CPU interpreter: 80 exercises the masked non-power-of-two head dim; 64 is a head dim and a block size; lengths stay
+# a few pages.
+CPU = Sizes(head_dims=(64, 80), block_sizes=(16, 32, 64), dtypes=("float16", "bfloat16"), kv_heads=(1, 2),
+            groups=(1, 2, 4), nm_groups=(4, 8), max_seqs=3, long_len=100, diff_kv_dims=((64, 32), (80, 48)))
 # H200: realistic shapes (32 heads / 8 kv heads / dim 128, KV up to 8k, batches of 8+). One head dim and one N:M
 # group size: the built-in kernel has ~100 constexpr variants per head dim (dtype, causal, mode, tile, paged, split),
-# each a compile of seconds; the other head dims are covered on the CPU.
+# each a compile of seconds; the other head dims are covered on the CPU. Diff-KV: K 192 / V 128 as the diff-KV
+# models use it, and K 128 / V 64 at the block size 128.
 GPU = Sizes(head_dims=(128,), block_sizes=(16, 32, 64, 128), dtypes=("float16", "bfloat16"),
-            kv_heads=(1, 2, 8), groups=(1, 4, 8), nm_groups=(4,), max_seqs=12, long_len=8192)
+            kv_heads=(1, 2, 8), groups=(1, 4, 8), nm_groups=(4,), max_seqs=12, long_len=8192,
+            diff_kv_dims=((128, 64), (192, 128)))
 
 SEQUENCE_KINDS = ("prefill", "chunked", "decode")
 SKIP_THRESHOLDS = (0.05, 0.3, 0.7, 0.95)
@@ -94,16 +133,21 @@ def sparsities(draw, sizes: Sizes, mode: str | None = None) -> Sparsity:
     return Sparsity()
 
 
+def block_sizes(sizes: Sizes, head_dim: int) -> st.SearchStrategy[int]:
+    """A block size of `sizes`, the one as long as `head_dim` (where there is one) twice as often as each other."""
+    return st.sampled_from(sizes.block_sizes + ((head_dim,) if head_dim in sizes.block_sizes else ()))
+
+
 @st.composite
 def cases(draw, sizes: Sizes, mode: str | None = None) -> Case:
     """A valid Case with compile-time values from `sizes` and everything else free (the sparsity mode too, unless
     `mode` is given)."""
-    block_size = draw(st.sampled_from(sizes.block_sizes))
+    head_dim = draw(st.sampled_from(sizes.head_dims))
+    block_size = draw(block_sizes(sizes, head_dim))
     q_lens, kv_lens = draw(sequence_mixes(block_size, sizes))
     num_heads, kv_heads = draw(heads(sizes))
     return Case(
-        q_lens, kv_lens, num_heads, kv_heads,
-        head_dim=draw(st.sampled_from(sizes.head_dims)), block_size=block_size,
+        q_lens, kv_lens, num_heads, kv_heads, head_dim=head_dim, block_size=block_size,
         dtype=draw(st.sampled_from(sizes.dtypes)), causal=draw(st.booleans().map(lambda b: not b)),
         sparsity=draw(sparsities(sizes, mode)), seed=draw(st.integers(0, 2**16)),
     )
@@ -147,16 +191,23 @@ def num_blocks(draw, needed: int) -> int:
 
 @st.composite
 def layers(draw, contract: Contract) -> tuple[int, int]:
-    """(num_layers, layer): 1..8 layers for a shared allocation, any layer of them; (1, 0) otherwise."""
+    """(num_layers, layer): 1..8 layers for a shared allocation (2, as long as the K/V axis, twice as often as each
+    other count), any layer of them; (1, 0) otherwise."""
     if not contract.shared:
         return 1, 0
-    count = draw(st.integers(1, 8))
+    count = draw(st.sampled_from((*range(1, 9), 2)))
     return count, draw(st.integers(0, count - 1))
+
+
+def diff_kv_dims(sizes: Sizes) -> st.SearchStrategy[tuple[int, int]]:
+    """(K's head dim, V's head dim) of a diff-KV example, V's unlike K's."""
+    return st.sampled_from(sizes.diff_kv_dims)
 
 
 @dataclass(frozen=True)
 class Example:
-    """One conformance example: a case placed in a release's contract geometry with a page assignment."""
+    """One conformance example: a case placed in a release's contract geometry with a page assignment; on a diff-KV
+    contract V has its own head dim (`head_dim_v`; 0: the case's head_dim, K's)."""
 
     case: Case
     contract: Contract
@@ -165,11 +216,21 @@ class Example:
     layer: int = 0
     page_order: str = "shuffled"  # "reversed" always uses the last page of the cache
     page_seed: int = 0
+    head_dim_v: int = 0
+
+    def __post_init__(self) -> None:
+        if self.head_dim_v and not self.contract.diff_kv:
+            raise ValueError(f"V head dim {self.head_dim_v} != K head dim {self.case.head_dim} in "
+                             f"{self.contract.describe()}, which has one head dim for K and V (not diff-KV)")
 
     @property
     def dims(self) -> Dims:
         return Dims(self.num_blocks, self.case.block_size, self.case.kv_heads, self.case.head_dim,
-                    self.num_layers, self.layer)
+                    self.num_layers, self.layer, self.head_dim_v)
+
+    def inputs(self, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The case's seeded q, k, v token rows, v at V's head dim."""
+        return self.case.inputs(device, self.head_dim_v)
 
     def paging(self) -> Paging:
         return paging(self.case.kv_lens, self.case.block_size, self.num_blocks, self.page_order, self.page_seed)
@@ -182,6 +243,8 @@ class Example:
         """One line of JSON that `from_json` turns back into this exact example."""
         body = asdict(self)
         body["contract"] = self.contract.to_json()
+        if not self.head_dim_v:  # an example of one head dim says nothing of V's, so its line and digest hold only K's
+            del body["head_dim_v"]
         return json.dumps(body, sort_keys=True)
 
     @classmethod
@@ -194,13 +257,46 @@ class Example:
 
 
 @st.composite
-def examples(draw, contracts: list[Contract], sizes: Sizes, case: st.SearchStrategy[Case] | None = None) -> Example:
-    """A case in one of `contracts` (every physical order and layer arrangement given), paged into a cache of
-    `num_blocks` pages in a shuffled, reversed or sequential order."""
+def examples(draw, contracts: list[Contract], sizes: Sizes, case: st.SearchStrategy[Case] | None = None,
+             pages: Callable[[int], st.SearchStrategy[int]] = num_blocks) -> Example:
+    """A case in one of `contracts` (every physical order and layer arrangement given; on a diff-KV contract at K and
+    V head dims of `diff_kv_dims`), paged into a cache of `pages(needed)` pages in a shuffled, reversed or sequential
+    order."""
     contract = draw(st.sampled_from(contracts))
     c = draw(case if case is not None else cases(sizes))
+    head_dim_v = 0
+    if contract.diff_kv:
+        head_dim, head_dim_v = draw(diff_kv_dims(sizes))
+        c = replace(c, head_dim=head_dim)
     num_layers, layer = draw(layers(contract))
     return Example(
-        c, contract, draw(num_blocks(c.blocks_needed())), num_layers, layer,
-        page_order=draw(st.sampled_from(PAGE_ORDERS)), page_seed=draw(st.integers(0, 2**16)),
+        c, contract, draw(pages(c.blocks_needed())), num_layers, layer,
+        page_order=draw(st.sampled_from(PAGE_ORDERS)), page_seed=draw(st.integers(0, 2**16)), head_dim_v=head_dim_v,
     )
+
+
+def ambiguous(contract: Contract, sizes: Sizes) -> list[Example]:
+    """The explicit examples of `contract`, where every size that makes a shape-only reading ambiguous coincides:
+    2 KV heads (GQA), block_size == head_dim (`Sizes.coinciding`; on a diff-KV contract V's head dim its own), 2
+    layers of a shared allocation; at num_blocks 2 with both pages holding tokens, and at num_blocks 3 with the last
+    page holding the one token."""
+    dim = sizes.coinciding
+    head_dim_v = dict(sizes.diff_kv_dims)[dim] if contract.diff_kv else 0
+    count, layer = (2, 1) if contract.shared else (1, 0)
+    out = []
+    for blocks, kv_len in ((2, dim + 1), (3, 1)):
+        case = Case((1,), (kv_len,), AMBIGUOUS_KV_HEADS * max(sizes.groups), AMBIGUOUS_KV_HEADS, dim, dim,
+                    sizes.dtypes[0], seed=blocks)
+        out.append(Example(case, contract, blocks, count, layer, "reversed", head_dim_v=head_dim_v))
+    return out
+
+
+def explicit(contract: Contract, sizes: Sizes) -> list[tuple[Example, None]]:
+    """(example, extra) run first on every target of a check with no argument of its own: the ambiguous examples."""
+    return [(ex, None) for ex in ambiguous(contract, sizes)]
+
+
+def explicit_malformed(contract: Contract, sizes: Sizes) -> list[tuple[Example, str]]:
+    """(example, malformation) run first on every target of rejects-malformed: each malformation of each ambiguous
+    example (where a malformed cache passes most easily for a valid one of other sizes)."""
+    return [(ex, m) for ex in ambiguous(contract, sizes) for m in MALFORMATIONS]

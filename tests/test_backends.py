@@ -214,10 +214,13 @@ def test_head_size_split_fails_the_padded_per_token_head_contract_only(layouts):
 
 
 def test_diff_kv_geometries_are_split_checked_and_latent_ones_reported_not_applicable(layouts):
+    # Halves of C are K and V only where V is as wide as K: a diff-KV cache's V has its own head dim.
     done = suites(layouts, "ContentAxisConsumer", "--kvconform-backend=FLASH_ATTN_DIFFKV",
                   "--kvconform-backend=TRITON_MLA")
-    assert done.returncode == 0, done.stdout[-3000:]
-    assert verdicts(done.stdout) == {"0.33.0-packed:B.H.N.C+diffkv": "PASSED"}, done.stdout[-3000:]
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert verdicts(done.stdout) == {"0.33.0-packed:B.H.N.C+diffkv": "FAILED"}, done.stdout[-3000:]
+    assert re.search(r"^E\s+REPRO split-agrees release=0.33.0 .*geometry=packed:B.H.N.C\+diffkv .*head_dim_v=\d+ ",
+                     done.stdout, re.M), done.stdout[-3000:]
     lines = (layouts / "results" / "0.33.0" / "results.jsonl").read_text().splitlines()
     na = [x for x in lines if '"K/V checks"' in x]
     assert len(na) == 1 and "not-applicable" in na[0] and "latent" in na[0] and "diff-KV" not in na[0], lines

@@ -30,7 +30,7 @@ from breakages import (dynamo_12750, flexkv_187, kvcached_424, lmcache_4463, lmc
 
 SUITES = {checks.SPLIT_AGREES: test_split.check, checks.TRANSFER: test_transfer.check,
           checks.RELAYOUT: test_relayout.check}
-SIZES = [(kv_heads, blocks) for kv_heads in (2, 1) for blocks in (2, 5)]  # (KV heads, num_blocks)
+SIZES = [(kv_heads, blocks) for kv_heads in (2, 1) for blocks in (2, 5)]  # (KV heads, num_blocks); diff-KV: V 32
 TWIN_SIZES = [(2, 2), (1, 5)]  # the most ambiguous and the plainest: a twin is the example offloader's reading
 BLOCK = HEAD = 64  # block size == head size
 
@@ -123,7 +123,7 @@ def _examples(target, sizes=SIZES):
     layers = (2, 1) if c.shared or (target.peer is not None and target.peer.shared) else (1, 0)
     for kv_heads, blocks in sizes:
         case = Case((BLOCK + 1,), (BLOCK + 1,), kv_heads, kv_heads, HEAD, BLOCK, "bfloat16", seed=blocks)
-        yield Example(case, c, blocks, *layers, page_order="reversed")
+        yield Example(case, c, blocks, *layers, page_order="reversed", head_dim_v=HEAD // 2 if c.diff_kv else 0)
 
 
 def _verdicts(session, subject, check, sizes=SIZES):

@@ -79,7 +79,7 @@ def launches():
 def session(tmp_path_factory):
     """A session over every recording (every backend and cache dtype): what the warm-up and the examples meet."""
     d = tmp_path_factory.mktemp("session")
-    return runner.start("builtin", ["recorded"], fixtures.ROOT, d, d, d, findings.DIRECTORY, "cpu", "test", "")
+    return runner.start("builtin", ["recorded"], fixtures.ROOT, d, d, findings.DIRECTORY, "cpu", "test", "")
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +115,22 @@ def test_the_warm_up_compiles_every_variant_drawn_examples_launch(session, launc
         return
     new = launches(ex.case, ex.contract, ex.dims, ex.paging()) - warmed[sizes]
     assert not new, (ex.case, ex.contract.name, sorted(new))
+
+
+@pytest.mark.parametrize("sizes", sorted(SIZES))
+def test_the_warm_up_compiles_every_variant_the_explicit_examples_launch(session, launches, warmed, sizes):
+    # The ambiguous examples every forward check runs first, in each geometry of every recording the subject reads.
+    contracts = {t.contract.name: t.contract for t in runner.targets(session, checks.BIT_IDENTITY)
+                 if session.supports(t.release, t.contract) is None}
+    ran = 0
+    for check in (c for c in checks.CHECKS if c.kernels and c.explicit):
+        for contract in contracts.values():
+            for ex, _ in checks.resolve(check.explicit)(contract, SIZES[sizes]):
+                assert SUBJECT.supports(ex.case) is None, ex.case
+                new = launches(ex.case, ex.contract, ex.dims, ex.paging()) - warmed[sizes]
+                assert not new, (check.name, ex.case, contract.name, sorted(new))
+                ran += 1
+    assert ran >= 2 * 2 * len(contracts)
 
 
 def test_a_launch_key_tells_apart_what_triton_compiles_apart(launches):

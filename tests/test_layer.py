@@ -8,23 +8,37 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import fixtures, runner
+from hypothesis import settings
+
+from harness import fixtures, profiles, results, runner
 from harness.contract import ContractError, Dims
 from harness.layer import contract_of, in_force, layer_for, setting_of
+from harness.results import Word
 from harness.subjects import capabilities_of
 from harness.vllm_api import backend_class
+from kvconform.suites import test_split as split_check
+from kvconform.suites import test_transfer as transfer_check
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import offloader  # noqa: E402
 
+profiles.register()
 RELEASES = {name: runner.load_release(name, fixtures.ROOT) for name in fixtures.releases()}
 # Every recorded K/V geometry, once per release, with the setting it was first read under.
 GEOMETRIES = [(r, c) for r in RELEASES.values() for c in dict.fromkeys(c for c in r.contracts if not c.latent)]
 
 
-def _dims(c, num_blocks: int = 5) -> Dims:
+DIFF_KV_V = 32  # V's head dim where a diff-KV contract has its own, beside K's 64
+
+
+def _dims(c, num_blocks: int = 5, head_dim_v: int = 0) -> Dims:
     _, cross = setting_of(c)
-    return Dims(num_blocks, 16, 2, 64, 3 if cross else 1, 1 if cross else 0)
+    return Dims(num_blocks, 16, 2, 64, 3 if cross else 1, 1 if cross else 0, head_dim_v)
+
+
+def _all_dims(c) -> list[Dims]:
+    """The dims each consumer is tried at: 2 and 5 blocks; on a diff-KV contract with V's head dim K's and its own."""
+    return [_dims(c, n, v) for n in (2, 5) for v in ((0, DIFF_KV_V) if c.diff_kv else (0,))]
 
 
 def test_reading_the_layer_through_the_api_gives_every_recorded_contract():
@@ -75,8 +89,7 @@ def test_an_unknown_recorded_setting_is_refused_by_name():
                   RELEASES["0.25.1"].recording)
 
 
-def _wrong(subject, r, c, num_blocks: int) -> bool:
-    dims = _dims(c, num_blocks)
+def _wrong(subject, r, c, dims: Dims) -> bool:
     kv = c.allocate(dims, torch.bfloat16)
     layer = runner.layer_of(r, c, dims, torch.bfloat16)
     try:
@@ -89,26 +102,126 @@ def _wrong(subject, r, c, num_blocks: int) -> bool:
                for a, b in zip(got, want))
 
 
+class HalvesC(offloader.Offloader):
+    """Names the axes as the Offloader does, then takes K and V as the halves of C whatever V's head size."""
+
+    name = "halves-c"
+
+    def split(self, kv_cache, layer):
+        k, v = super().split(kv_cache, layer)  # its refusal of a tensor the backend does not describe
+        axes = offloader._asked_axes(layer)
+        if "C" not in axes:
+            return k, v
+        t = offloader._typed(kv_cache, layer).permute([axes.index(a) for a in ("B", "N", "H", "C")])
+        half = t.shape[-1] // 2
+        return t[..., :half], t[..., half:]
+
+
+def _unequal(c, d: Dims) -> bool:
+    return c.diff_kv and d.v_dim != d.head_dim
+
+
 # Each example's rule, stated before running it: where it must take the wrong views (or refuse a valid cache).
 RULES = {
-    # Names every axis by asking; without get_kv_cache_shape reads [B, H, N, C], NVFP4's as [B, 2H, N, D]: never.
-    offloader.Offloader: lambda r, c, n: False,
+    # Names every axis by asking; without get_kv_cache_shape reads [B, H, N, C], NVFP4's as [B, 2H, N, D]; splits C
+    # at K's stored width: never.
+    offloader.Offloader: lambda c, d: False,
     # Knows only the two 5-axis families.
-    offloader.BlocksFirstConnector: lambda r, c, n: len(c.logical) != 5,
+    offloader.BlocksFirstConnector: lambda c, d: len(c.logical) != 5,
     # A first axis of 2 is kv-first: wrong on blocks-first with 2 blocks; 4 axes are [B, H, N, 2D]: wrong on
-    # NVFP4's [B, 2H, N, D] and on the diff-KV token-major [B, N, H, C].
-    offloader.ShapeSniffingReader: lambda r, c, n: (len(c.logical) == 4 and c.logical != ("B", "H", "N", "C"))
-    or (c.family == "blocks-first" and n == 2),
+    # NVFP4's [B, 2H, N, D], on the diff-KV token-major [B, N, H, C], and on every diff-KV cache whose V is not as
+    # wide as K (C is not two halves).
+    offloader.ShapeSniffingReader: lambda c, d: (len(c.logical) == 4 and c.logical != ("B", "H", "N", "C"))
+    or (c.family == "blocks-first" and d.num_blocks == 2) or _unequal(c, d),
+    # Halves C: wrong on every diff-KV geometry whose V head dim is not K's.
+    HalvesC: _unequal,
 }
 
 
 @pytest.mark.parametrize("example", list(RULES), ids=lambda e: e.__name__)
 def test_each_example_consumer_is_wrong_exactly_where_its_rule_says(example):
     subject, rule = example(), RULES[example]
-    got = {(r.release, c.name, n) for r, c in GEOMETRIES for n in (2, 5) if _wrong(subject, r, c, n)}
-    want = {(r.release, c.name, n) for r, c in GEOMETRIES for n in (2, 5) if rule(r, c, n)}
-    assert got == want, (sorted(got - want)[:8], sorted(want - got)[:8])
+    tried = [(r, c, d) for r, c in GEOMETRIES for d in _all_dims(c)]
+    assert any(_unequal(c, d) for _, c, d in tried)
+    got = {(r.release, c.name, d) for r, c, d in tried if _wrong(subject, r, c, d)}
+    want = {(r.release, c.name, d) for r, c, d in tried if rule(c, d)}
+    assert got == want, (sorted(got - want, key=str)[:8], sorted(want - got, key=str)[:8])
     assert example is offloader.Offloader or got  # the rules of the wrong ones are not empty
+
+
+@pytest.fixture
+def diff_kv_session(tmp_path):
+    """The diff-KV geometries of one packed-tokens and one packed release, derandomised."""
+    before = settings.get_current_profile_name()
+    settings.load_profile("kvconform-ci")
+
+    def start(subject):
+        s = runner.start("offloader:Offloader", ["0.17.1", "0.33.0"], fixtures.ROOT, tmp_path / "results",
+                         tmp_path / "regressions", runner.findings.DIRECTORY, "cpu", "test-main", "",
+                         ("FLASH_ATTN_DIFFKV",))
+        s.subject, s.subject_name = subject, subject.name
+        return s
+
+    yield start
+    settings.load_profile(before)
+
+
+class StacksKV(offloader.Offloader):
+    """The Offloader's views, its payload one tensor of K's blocks and V's stacked (which needs them equally wide)."""
+
+    name = "stacks-kv"
+
+    def extract(self, kv_cache, layer, block_ids):
+        k, v = self.split(kv_cache, layer)
+        return torch.stack([k[block_ids], v[block_ids]])
+
+
+def _caught(s, suite) -> dict[tuple[str, str], str]:
+    """Each target of `suite`'s check that the runner finds a new finding on, with its message."""
+    caught = {}
+    for t in runner.targets(s, suite.CHECK):
+        try:
+            runner.Runner(s, "pytest x", 1).run(t, suite.CHECK, suite.check)
+        except runner.NewFinding as e:
+            caught[t.release.release, t.geometry] = str(e)
+    return caught
+
+
+def _diff_kv_geometries(s, suite) -> set[tuple[str, str]]:
+    got = {(t.release.release, t.geometry) for t in runner.targets(s, suite.CHECK)}
+    assert len(got) > 10 and all(g.endswith(("+diffkv", "+diffkv@fp8_e4m3")) for _, g in got)
+    return got
+
+
+def _green(s) -> None:
+    rows = [r for r in results.read(s.results_dir, files="results.*.jsonl") if r.subject == s.subject_name]
+    assert rows and {r.outcome for r in rows} == {Word.BIT_IDENTICAL}
+
+
+def test_split_agrees_catches_halving_c_on_every_diff_kv_geometry_and_passes_the_offloader(diff_kv_session):
+    s = diff_kv_session(HalvesC())
+    caught = _caught(s, split_check)
+    assert set(caught) == _diff_kv_geometries(s, split_check)
+    for text in caught.values():
+        assert text.startswith("differs: K view of kv_cache") and " head_dim_v=" in text.splitlines()[-1], text
+    s = diff_kv_session(offloader.Offloader())
+    assert _caught(s, split_check) == {}
+    _green(s)
+
+
+def test_transfer_catches_a_payload_that_needs_k_and_v_equally_wide_and_passes_whole_rows(diff_kv_session):
+    # Transfer judges the bytes moved: halves of C still move every element of a block, so halving C passes it (the
+    # wrong views are split-agrees' finding). A payload stacking K and V needs them equally wide: every diff-KV
+    # geometry now refuses it.
+    s = diff_kv_session(StacksKV())
+    caught = _caught(s, transfer_check)
+    assert set(caught) == _diff_kv_geometries(s, transfer_check)
+    assert all(text.startswith("subject-error: RuntimeError: stack expects each tensor to be equal size")
+               and " head_dim_v=" in text.splitlines()[-1] for text in caught.values()), caught
+    for subject in (HalvesC(), offloader.Offloader()):
+        s = diff_kv_session(subject)
+        assert _caught(s, transfer_check) == {}, subject.name
+    _green(s)
 
 
 class OldProtocol:

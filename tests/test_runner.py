@@ -35,7 +35,9 @@ def test_a_check_over_a_target_records_one_result_per_example(session):
         return run.outcome(Word.BIT_IDENTICAL)
 
     settled = _run(session, agrees)
-    assert settled.ran == 3 * checks.CHEAP_FACTOR and not settled.known and settled.failure is None
+    explicit = checks.resolve(checks.SPLIT_AGREES.explicit)(runner.targets(session)[0].contract, session.sizes)
+    assert len(explicit) == 2  # run first, beside the generated ones
+    assert settled.ran == 3 * checks.CHEAP_FACTOR + 2 and not settled.known and settled.failure is None
     rows = results.read(session.results_dir, "0.25.1", "results.*.jsonl")
     assert len(rows) == settled.ran and {r.outcome for r in rows} == {"bit-identical"}
     assert {r.geometry for r in rows} == {runner.targets(session)[0].geometry}
@@ -158,3 +160,17 @@ def test_a_narrower_run_keeps_the_earlier_runs_other_lines_and_says_stale_of_its
         assert {(r.run, r.geometry) for r in rows} == {("X", g0), ("Z", g1)}
     finally:
         settings.load_profile(before)
+
+
+def test_the_kernel_checks_say_why_they_take_no_diff_kv_cache_naming_the_head_sizes(tmp_path):
+    s = runner.start("builtin", ["0.17.1"], runner.fixtures.ROOT, tmp_path / "results", tmp_path,
+                     runner.findings.DIRECTORY, "cpu", "t", "")
+    diff_kv = list(dict.fromkeys(c.name for c in s.releases[0].contracts if c.diff_kv))
+    assert diff_kv and not set(diff_kv) & {t.geometry for t in runner.targets(s, checks.BIT_IDENTITY)}
+    assert set(diff_kv) <= {t.geometry for t in runner.targets(s, checks.SPLIT_AGREES)}
+    assert runner.record_outside(s) == 1
+    rows = results.read(s.results_dir, files="results.*.jsonl")
+    [line] = [r.diagnosis for r in rows if r.check == checks.KV_CHECKS.name]
+    assert (f"{len(diff_kv)} geometries ({', '.join(diff_kv)}): the subject's forwards take one "
+            "head size for K and V, while a diff-KV cache has two (its examples draw head sizes K 64 / V 32 or "
+            "K 80 / V 48)") in line, line

@@ -1,13 +1,27 @@
-"""The strategies build only valid examples, reach every corner they promise, and keep compile-time values fixed."""
+"""The strategies build only valid examples, reach every corner they promise, and keep compile-time values fixed;
+every check that hands a subject a cache runs the ambiguous examples first; diff-KV examples have V's own head dim
+while examples of one head dim serialise as the stored regressions were written."""
 
+import dataclasses
+import json
+
+import pytest
+import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from harness import checks, fixtures, transfer
 from harness.cases import SPARSITY_MODES
-from harness.contract import cross_layer, families
-from harness.strategies import CPU, GPU, Example, examples, kv_lengths, num_blocks, sequence_mixes
+from harness.contract import Contract, cross_layer, families
+from harness.strategies import (AMBIGUOUS_KV_HEADS, CPU, GPU, MALFORMATIONS, Example, ambiguous, block_sizes,
+                                examples, kv_lengths, num_blocks, sequence_mixes)
 
 CONTRACTS = families() + [cross_layer(c, outer) for c in families()[:2] for outer in (True, False)]
+DIFF_KV = [Contract(("B", "N", "H", "C"), ("B", "H", "N", "C"), diff_kv=True),
+           Contract(("B", "H", "N", "C"), ("L", "B", "H", "N", "C"), cache_dtype="fp8_e4m3", diff_kv=True)]
+SIZES = {"cpu": CPU, "gpu": GPU}
+# The checks that hand a subject a cache: every suite whose check needs a split or a transfer.
+CACHE_CHECKS = [c for c in checks.CHECKS if c.module and c.needs & {"split", "transfer"}]
 FIND = settings(max_examples=2000, database=None, suppress_health_check=list(HealthCheck), phases=[Phase.generate])
 
 
@@ -57,6 +71,19 @@ def test_compile_time_values_come_from_the_fixed_sets(ex):
     if c.sparsity.mode == "nm":
         assert c.sparsity.m in CPU.nm_groups
     assert max(c.kv_lens) <= CPU.long_len and len(c.kv_lens) <= CPU.max_seqs
+
+
+def test_a_block_size_as_long_as_the_head_dim_comes_twice_as_often():
+    assert find(block_sizes(CPU, 64), lambda b: b == 64, settings=FIND) == 64
+    counts = {b: 0 for b in CPU.block_sizes}
+
+    @settings(max_examples=600, database=None, derandomize=True, phases=[Phase.generate])
+    @given(b=block_sizes(CPU, 64))
+    def tally(b):
+        counts[b] += 1
+
+    tally()
+    assert counts[64] > max(counts[16], counts[32]), counts
 
 
 def test_page_boundary_lengths_are_reached():
@@ -124,3 +151,130 @@ def test_strategies_compose():
     # A suite can swap in its own case strategy and keep the geometry and paging builders.
     decode_only = st.builds(lambda e: e, examples(families(), CPU)).filter(lambda e: max(e.case.q_lens) == 1)
     assert max(find(decode_only, lambda e: len(e.case.q_lens) == 3, settings=FIND).case.q_lens) == 1
+
+
+# ---- the shape-ambiguous sizes -------------------------------------------------------------------------------------
+
+
+def _recorded_geometries():
+    """Every recorded K/V contract of every release, once per release (a target of it)."""
+    return [c for release in fixtures.releases()
+            for c in dict.fromkeys(c for c in fixtures.load(release).contracts if not c.latent)]
+
+
+def test_the_checks_that_hand_a_subject_a_cache_declare_the_ambiguous_examples():
+    assert {c.module for c in CACHE_CHECKS} == {"test_split", "test_malformed", "test_transfer", "test_bit_identity",
+                                               "test_determinism"}
+    c = families()[1]
+    for check in CACHE_CHECKS:
+        assert check.explicit, check.name
+        got = [ex for ex, _ in checks.resolve(check.explicit)(c, CPU)]
+        assert set(got) == set(ambiguous(c, CPU)), check.name
+
+
+@pytest.mark.parametrize("device", sorted(SIZES))
+def test_every_targets_explicit_examples_hold_the_coinciding_sizes(device):
+    sizes = SIZES[device]
+    geometries = _recorded_geometries()
+    assert len(geometries) > 500 and any(c.diff_kv for c in geometries) and any(c.shared for c in geometries)
+    for c in geometries:
+        built = ambiguous(c, sizes)
+        assert sorted((ex.num_blocks, ex.case.blocks_needed()) for ex in built) == [(2, 2), (3, 1)], c.name
+        for ex in built:
+            assert ex.case.kv_heads == AMBIGUOUS_KV_HEADS and ex.case.block_size == ex.case.head_dim, (c.name, ex)
+            assert (ex.num_layers, ex.layer) == ((2, 1) if c.shared else (1, 0)), c.name
+            assert (ex.head_dim_v not in (0, ex.case.head_dim)) == c.diff_kv, (c.name, ex.head_dim_v)
+            assert ex.case.head_dim in sizes.block_sizes
+            c.validate(c.allocate(ex.dims, ex.case.torch_dtype, "meta"), ex.dims)
+            assert int(ex.paging().block_table.max()) == ex.num_blocks - 1  # the last page holds tokens
+        for check in CACHE_CHECKS:
+            pairs = checks.resolve(check.explicit)(c, sizes)
+            extras = {extra for _, extra in pairs}
+            if check is checks.REJECTS_MALFORMED:  # each malformation of each ambiguous example
+                assert sorted(pairs, key=repr) == sorted(((ex, m) for ex in built for m in MALFORMATIONS), key=repr)
+            else:
+                assert [ex for ex, _ in pairs] == built
+                assert extras == ({0} if check is checks.TRANSFER else {None}), check.name
+
+
+def test_sizes_without_a_coinciding_head_dim_and_block_size_are_refused():
+    with pytest.raises(ValueError, match=r"no head dim \(80,\) is also a block size \(16, 32\)"):
+        dataclasses.replace(CPU, head_dims=(80,), block_sizes=(16, 32))
+    with pytest.raises(ValueError, match=r"kv_heads \(1, 4\) lack 2"):
+        dataclasses.replace(CPU, kv_heads=(1, 4))
+    with pytest.raises(ValueError, match="equal: \\[\\(64, 64\\)\\]"):
+        dataclasses.replace(CPU, diff_kv_dims=((64, 64),))
+    with pytest.raises(ValueError, match="hold K's head dim 64"):
+        dataclasses.replace(CPU, diff_kv_dims=((80, 48),))
+    assert (CPU.coinciding, GPU.coinciding) == (64, 128)
+
+
+def test_generated_examples_reach_every_coincidence_at_once():
+    # Rarer than one corner at a time (measured: about 1 in 800 draws on the GPU sizes, 1 in 400 on the CPU ones): a
+    # fixed seed and a larger budget.
+    fixed = settings(FIND, max_examples=5000, derandomize=True)
+    shared = [c for c in CONTRACTS if c.shared]
+    for sizes in (CPU, GPU):
+        find(examples(shared, sizes), lambda e: e.case.kv_heads == 2 and e.case.block_size == e.case.head_dim
+             and e.num_blocks == 2 and e.num_layers == 2, settings=fixed)
+    find(examples(shared, CPU), lambda e: e.case.kv_heads == 2 and e.case.block_size == e.case.head_dim
+         and e.num_blocks == e.case.blocks_needed() == 2, settings=fixed)  # both pages hold tokens
+    find(examples(DIFF_KV, CPU), lambda e: e.case.block_size == e.case.head_dim and e.num_blocks == 2
+         and e.case.kv_heads == 2, settings=fixed)
+    # transfer's own strategy too
+    find(transfer.examples(shared, CPU), lambda e: e.case.kv_heads == 2 and e.case.block_size == e.case.head_dim
+         and e.num_blocks == 2 and e.num_layers == 2, settings=fixed)
+
+
+# ---- diff-KV examples: V's own head dim ---------------------------------------------------------------------------
+
+
+@settings(max_examples=100, database=None)
+@given(ex=st.one_of(examples(DIFF_KV, CPU), transfer.examples(DIFF_KV, CPU)))
+def test_diff_kv_examples_draw_vs_head_dim_unlike_ks_and_round_trip(ex):
+    assert (ex.case.head_dim, ex.head_dim_v) in CPU.diff_kv_dims and ex.head_dim_v != ex.case.head_dim
+    assert ex.dims.v_dim == ex.head_dim_v and ex.dims.head_dim == ex.case.head_dim
+    assert json.loads(ex.to_json())["head_dim_v"] == ex.head_dim_v
+    back = Example.from_json(ex.to_json())
+    assert back == ex and back.digest() == ex.digest()
+    kv_cache = ex.contract.allocate(ex.dims, ex.case.torch_dtype, "meta")
+    ex.contract.validate(kv_cache, ex.dims)
+    _, k, v = ex.inputs()
+    assert k.shape[-1] == ex.case.head_dim and v.shape[-1] == ex.head_dim_v and k.shape[:-1] == v.shape[:-1]
+
+
+@settings(max_examples=50, database=None)
+@given(ex=examples(DIFF_KV, GPU))
+def test_gpu_diff_kv_examples_take_the_gpu_pairs(ex):
+    assert (ex.case.head_dim, ex.head_dim_v) in GPU.diff_kv_dims
+
+
+@settings(max_examples=50, database=None)
+@given(ex=examples(CONTRACTS, CPU))
+def test_examples_of_one_head_dim_say_nothing_of_v_and_draw_equal_k_and_v(ex):
+    assert ex.head_dim_v == 0 and "head_dim_v" not in json.loads(ex.to_json())
+    _, k, v = ex.inputs()
+    assert k.shape == v.shape and torch.equal(v, ex.case.inputs()[2])
+
+
+def test_the_v_head_dim_is_part_of_a_diff_kv_examples_identity():
+    ex = ambiguous(DIFF_KV[0], CPU)[0]
+    same_dims = dataclasses.replace(ex, head_dim_v=0)
+    assert ex.digest() != same_dims.digest() and Example.from_json(same_dims.to_json()).head_dim_v == 0
+
+
+def test_a_v_head_dim_on_a_contract_of_one_head_dim_is_refused_by_name():
+    ex = ambiguous(families()[0], CPU)[0]
+    with pytest.raises(ValueError, match=r"V head dim 32 != K head dim 64 .*\(not diff-KV\)"):
+        dataclasses.replace(ex, head_dim_v=32)
+
+
+def test_every_stored_regression_replays_with_its_digest_and_case():
+    # A REPRO line's `-k <digest>` names the stored file: the example read back must have that digest.
+    stored = sorted((fixtures.ROOT.parent / "regressions").glob("*/*.json"))
+    assert len(stored) > 20 and any(json.loads(p.read_text())["example"]["contract"].get("diff_kv") for p in stored)
+    for path in stored:
+        body = json.loads(path.read_text())
+        ex = Example.from_json(json.dumps(body["example"]))
+        assert ex.digest() == path.stem.split("-")[-1] and repr(ex.case) == body["case"], path.name
+        assert json.loads(ex.to_json()) == body["example"], path.name
