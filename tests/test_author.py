@@ -79,7 +79,9 @@ def _malformed(tmp_path, subject):
 @pytest.mark.parametrize("spelling", list(SPELLINGS))
 def test_a_refusal_naming_the_shape_in_any_spelling_rejects_the_malformed_cache(tmp_path, ci, spelling):
     settled = _malformed(tmp_path, Raising(SPELLINGS[spelling]))
-    assert settled.ran == checks.CHEAP_FACTOR and settled.failure is None
+    explicit = len(checks.resolve(checks.REJECTS_MALFORMED.explicit)(runner.targets(
+        _session(tmp_path, Raising(SPELLINGS[spelling]), "0.25.1"))[0].contract, runner.CPU))
+    assert settled.ran == checks.CHEAP_FACTOR + explicit and settled.failure is None
 
 
 def test_a_refusal_naming_no_shape_is_accepted_with_what_it_should_name(tmp_path, ci):
@@ -249,8 +251,8 @@ def test_the_header_says_what_a_release_leaves_unchecked_and_the_examples_each_c
     assert ("kvconform 0.25.1: flash-only meets 4 of its 21 contracts (4 geometries); not checked: 17 contracts of "
             "FLASHINFER (6), TRITON_ATTN (6), FLEX_ATTENTION (1), FLASH_ATTN_DIFFKV (2), TRITON_MLA (2): not among "
             "the backends flash-only names (FLASH_ATTN)") in out, out[-3000:]
-    assert "kvconform examples per geometry: split-agrees 40; rejects-malformed 40; transfer 40 + 2 explicit; " \
-           "relayout 40 + 2 explicit" in out, out[-3000:]
+    assert "kvconform examples per geometry: split-agrees 40 + 2 explicit; rejects-malformed 40 + 10 explicit; " \
+           "transfer 40 + 2 explicit; relayout 40 + 2 explicit" in out, out[-3000:]
     assert "hypothesis profile kvconform-find (no shrinking: a failing item stops at its first)" in out
     assert "flash-only declares split, transfer: bit-identity, determinism, oracle need more" in out
     release = next(line for line in out.splitlines() if line.startswith("kvconform release 0.25.1"))

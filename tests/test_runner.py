@@ -147,7 +147,9 @@ def test_a_narrower_run_keeps_the_earlier_runs_other_lines_and_says_stale_of_its
         (known / "builtin.toml").write_text(
             f'[[finding]]\nreleases = "*"\ngeometry = "{g1}"\nsparsity = "*"\ncheck = "split-agrees"\n'
             'outcome = "differs"\nreason = "planted"\nlink = "here"\n')
-        n = checks.CHEAP_FACTOR  # lines per item
+        plain = run("W")  # runs nothing: what an item of split-agrees draws
+        n = checks.CHEAP_FACTOR + len(checks.resolve(checks.SPLIT_AGREES.explicit)(runner.targets(plain)[0].contract,
+                                                                                   plain.sizes))  # lines per item
         narrower = run("X", 0)  # the finding covers Y's kept lines only: nothing of this run, so not stale here
         assert f"  merged: 0.25.1: {n} lines of run X replaced {n} of run Y; {n} lines of run Y kept " \
                "(not re-checked)" in narrower.summary()
