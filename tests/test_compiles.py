@@ -85,11 +85,19 @@ def session(tmp_path_factory):
 @pytest.fixture(scope="module")
 def warmed(session, launches):
     """What the session warm-up compiles, per device's sizes: the launches of its cases in its geometries."""
+    contracts = session.warm_contracts()
     return {sizes: frozenset().union(*(launches(case, contract, *compiles.warm_paging(case))
                                        for shard in warmup_shards(SIZES[sizes]) for case in shard
                                        if SUBJECT.supports(case) is None
-                                       for contract in session.warm_contracts()))
+                                       for contract in contracts))
             for sizes in SIZES}
+
+
+@pytest.fixture(scope="module")
+def read(session):
+    """Every geometry of every recording the subject reads, as the forward checks take them."""
+    return [t.contract for t in runner.targets(session, checks.BIT_IDENTITY)
+            if session.supports(t.release, t.contract) is None]
 
 
 SIZES = {"gpu": GPU, "cpu": CPU}
@@ -105,12 +113,10 @@ def test_the_warm_up_covers_every_cache_dtype_the_subject_reads(session):
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data(), sizes=st.sampled_from(sorted(SIZES)))
-def test_the_warm_up_compiles_every_variant_drawn_examples_launch(session, launches, warmed, data, sizes):
+def test_the_warm_up_compiles_every_variant_drawn_examples_launch(read, launches, warmed, data, sizes):
     # Examples as the forward checks draw them, over every geometry of every recording the subject reads; what
     # their launches compile must be among what the warm-up's launches compiled.
-    contracts = [t.contract for t in runner.targets(session, checks.BIT_IDENTITY)
-                 if session.supports(t.release, t.contract) is None]
-    ex = data.draw(examples(contracts, SIZES[sizes]))
+    ex = data.draw(examples(read, SIZES[sizes]))
     if SUBJECT.supports(ex.case) is not None:
         return
     new = launches(ex.case, ex.contract, ex.dims, ex.paging()) - warmed[sizes]
