@@ -37,7 +37,7 @@ from harness.fixtures import Recording
 from harness.layer import Layer, in_force, layer_for
 from harness.matrix import version_key
 from harness.results import Word
-from harness.strategies import CPU, GPU, Example, Sizes, cases, examples, warmup_shards
+from harness.strategies import CPU, GPU, Example, Sizes, alike, cases, examples, warmup_shards
 from harness.subjects import DEFAULT_CAPABILITIES, FORWARD, capabilities_of, load_subject
 
 POISONED = "the device is unusable after this call"
@@ -811,7 +811,7 @@ class Runner:
 
     def _limited(self, target: Target, check: str, state: Settled, body) -> Settled:
         try:
-            with limits.time_limit(self.timeout, self._hung):
+            with limits.time_limit(self.timeout, self._hung), alike():
                 body()
         except limits.ItemTimeout as e:
             raise TimedOut(self._record_timeout(str(e))) from None

@@ -16,23 +16,46 @@ so the sizes that make a shape ambiguous are drawn on purpose:
 - on a diff-KV contract, V's head dim unlike K's (`examples`, from `Sizes.diff_kv_dims`): C is not two halves.
 `ambiguous` builds the explicit examples where all of these coincide at once; every check that hands a subject a
 cache (harness.checks) runs them first on every target, then the generated ones.
+
+What an item draws depends on its seed and these builders alone (`alike`), so that a release installed and the same
+release replayed draw the same examples, and a REPRO line from one reproduces against the other.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 
 import torch
 from hypothesis import strategies as st
+from hypothesis.internal.conjecture import providers
 
 from harness.cache import PAGE_ORDERS, Paging, paging
 from harness.cases import SPARSITY_MODES, Case, Sparsity
 from harness.contract import Contract, Dims
 
 AMBIGUOUS_KV_HEADS = 2
+
+
+@contextlib.contextmanager
+def alike() -> Iterator[None]:
+    """Draws that depend on the seed and the strategies alone. Hypothesis now and then draws a literal constant of
+    the modules loaded from outside site-packages; which of kvconform's are loaded differs live (the probe) and in
+    replay, so for the duration it draws from its own constants only."""
+    local = getattr(providers, "_get_local_constants", None)
+    if local is None:  # a hypothesis without local constants: draws depend on the seed alone already
+        yield
+        return
+    providers._get_local_constants = lambda: providers.Constants()
+    providers.CONSTANTS_CACHE.cache.clear()
+    try:
+        yield
+    finally:
+        providers._get_local_constants = local
+        providers.CONSTANTS_CACHE.cache.clear()
 
 
 @dataclass(frozen=True)

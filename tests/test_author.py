@@ -290,3 +290,27 @@ def test_regressions_of_a_subject_not_kvconforms_own_go_to_the_results_folder(tm
     kept = list((tmp_path / "results" / "regressions" / "example-shape-sniffing-reader").glob("split-agrees-*.json"))
     assert kept, done.stdout[-2000:]
     assert not (REPO / "fixtures" / "regressions" / "example-shape-sniffing-reader").exists()
+
+
+def _drawn(tmp_path, session):
+    target = next(t for t in runner.targets(session, checks.REJECTS_MALFORMED) if t.contract.cache_dtype == "fp8_e4m3")
+    seen = []
+
+    def record(run, ex, extra):
+        seen.append(ex.digest())
+        return run.outcome("rejected")
+
+    runner.Runner(session, "t", 60).run(target, checks.REJECTS_MALFORMED, record)
+    return seen
+
+
+def test_an_item_draws_the_same_examples_whatever_local_modules_are_loaded(tmp_path, ci, monkeypatch):
+    # Hypothesis draws literal constants of the modules loaded from outside site-packages now and then; live, the
+    # probe's modules are loaded, in replay they are not.
+    s = _session(tmp_path, offloader.Offloader(), "0.25.1")
+    before = _drawn(tmp_path, s)
+    (tmp_path / "local_constants.py").write_text("".join(f"C{i} = {n}\n" for i, n in enumerate(
+        (1234, 4097, 8191, 65535, 3, 7, 31, 63, 127, 255, 511, 1023, 2047, 12345, 54321))))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    __import__("local_constants")
+    assert _drawn(tmp_path, s) == before and len(before) > 300
