@@ -109,10 +109,10 @@ class HalvesC(offloader.Offloader):
 
     def split(self, kv_cache, layer):
         k, v = super().split(kv_cache, layer)  # its refusal of a tensor the backend does not describe
-        axes = offloader._asked_axes(layer)
+        axes = offloader.asked_axes(layer)
         if "C" not in axes:
             return k, v
-        t = offloader._typed(kv_cache, layer).permute([axes.index(a) for a in ("B", "N", "H", "C")])
+        t = offloader.typed(kv_cache, layer).permute([axes.index(a) for a in ("B", "N", "H", "C")])
         half = t.shape[-1] // 2
         return t[..., :half], t[..., half:]
 
