@@ -11,18 +11,23 @@ check's own function (conformance/), as the suites run it.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
-from harness import checks, findings, fixtures, runner
-from harness.cases import Case
-from harness.layer import Layer
-from harness.runner import NewFinding, Regression
-from harness.strategies import Example
-from kvconform.suites import test_relayout, test_split, test_transfer
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported (harness.compiles imports it)
+
+from harness import checks, findings, fixtures, runner  # noqa: E402
+from harness.cases import Case  # noqa: E402
+from harness.layer import Layer  # noqa: E402
+from harness.runner import NewFinding, Regression  # noqa: E402
+from harness.strategies import Example  # noqa: E402
+from kvconform.suites import test_relayout, test_split, test_transfer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from breakages import (dynamo_12750, flexkv_187, kvcached_424, lmcache_4463, lmcache_4729,  # noqa: E402
