@@ -235,13 +235,14 @@ class Session:
                 if reason:
                     refused.setdefault(reason, []).append(c.name)
             checked = sum(1 for c in r.contracts if self.selects(c))
-            parts = [f"{len(cs)} contracts of {_count_by(c.origin.backend_name for c in cs)}: {why}"
+            parts = [f"{_counted(len(cs), 'contract')} of {_count_by(c.origin.backend_name for c in cs)}: {why}"
                      for why, cs in left.items()]
-            parts += [f"{len(names)} geometries ({_listed(names)}): {reason}" for reason, names in outside.items()]
-            parts += [f"{len(names)} geometries ({_listed(names)}): unsupported, by its supports_layer: {reason}"
-                      for reason, names in refused.items()]
-            line = (f"{r.release}: {self.subject_name} meets {checked} of its {len(r.contracts)} contracts "
-                    f"({len(chosen)} geometries)")
+            parts += [f"{_counted(len(names), 'geometry')} ({_listed(names)}): {reason}"
+                      for reason, names in outside.items()]
+            parts += [f"{_counted(len(names), 'geometry')} ({_listed(names)}): unsupported, by its supports_layer: "
+                      f"{reason}" for reason, names in refused.items()]
+            line = (f"{r.release}: {self.subject_name} selects {checked} of its {len(r.contracts)} contracts "
+                    f"({_counted(len(chosen), 'geometry')})")
             out.append(line + ("; not checked: " + "; ".join(parts) if parts else "; every one is checked"))
         lacking = [c.name for c in checks.CHECKS if c.module and c.needs and missing(self, c.needs)]
         if lacking:
@@ -399,6 +400,10 @@ def _count_by(names) -> str:
     for n in names:
         counts[n] = counts.get(n, 0) + 1
     return ", ".join(f"{n} ({k})" for n, k in counts.items())
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun[:-1] + 'ies' if noun.endswith('y') else noun + 's'}"
 
 
 def _listed(names: list[str], shown: int = 3) -> str:
