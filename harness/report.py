@@ -604,7 +604,7 @@ def main(argv: list[str]) -> int:
     (out / "report.md").write_text(markdown(data))
     (out / "report.html").write_text(page.html_page(data))
     print(f"{out / 'report.md'}, report.html: {data['verdict']}; {sum(r['lines'] for r in data['runs'])} results, "
-          f"{len(data['releases'])} releases")
+          f"{count(len(data['releases']), 'release')}")
     return 0
 
 
