@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 
+from harness.backends import BACKENDS, LAYOUT_ENV, LAYOUT_VALUES, backend_named, layout_env
 from harness.contract import Contract, ContractError, Dims
 from harness.fixtures import Recording
-from harness.probe import patched
+from harness.probe import backends, patched
 
-SWITCH = "VLLM_KV_CACHE_LAYOUT"  # the layout setting of the releases before the KVCacheLayout enum
 ENUM_AXES = ("L", "B", "H", "N", "C")  # the axes KVCacheLayout's member names and stride orders spell
 
 
@@ -53,7 +51,7 @@ class Layer:
         return self.backend.get_name()
 
     def describe(self) -> str:
-        setting = f" {SWITCH if self.kv_cache_layout in ('NHD', 'HND') else 'layout'}={self.kv_cache_layout}" \
+        setting = f" {LAYOUT_ENV if self.kv_cache_layout in LAYOUT_VALUES else 'layout'}={self.kv_cache_layout}" \
             if self.kv_cache_layout else ""
         layers = f", layer {self.layer_index} of {self.num_layers} in one allocation" if self.cross_layer else ""
         return (f"vLLM {self.release} {self.backend_name}{setting}, kv_cache_dtype {self.cache_dtype}, block_size "
@@ -68,9 +66,9 @@ def setting_of(contract: Contract) -> tuple[str | None, bool]:
     words = contract.origin.setting.split(" + ")[0].split()
     layout = None
     for w in words:
-        if w.startswith(f"{SWITCH}="):
+        if w.startswith(f"{LAYOUT_ENV}="):
             layout = w.split("=", 1)[1]
-        elif w in ("NHD", "HND") or (len(w) == len(ENUM_AXES) and set(w) == set(ENUM_AXES)):
+        elif w in LAYOUT_VALUES or (len(w) == len(ENUM_AXES) and set(w) == set(ENUM_AXES)):
             layout = w
         elif w not in ("default", "single-layer", "cross-layer") and not (w.startswith("(sm") and w.endswith(")")):
             raise ContractError(f"recorded setting {contract.origin.setting!r} of {contract.name} "
@@ -96,37 +94,10 @@ def in_force(layer: Layer) -> Iterator[None]:
             from harness.vllm_api import replaying
 
             stack.enter_context(replaying(layer.recording))
-        stack.enter_context(_switch(layer.kv_cache_layout if layer.kv_cache_layout in ("NHD", "HND") else None))
+        stack.enter_context(layout_env(layer.kv_cache_layout if layer.kv_cache_layout in LAYOUT_VALUES else None))
         if hasattr(layer.backend, "head_size_v"):
             stack.enter_context(patched(layer.backend, "head_size_v", layer.head_size_v))
         yield
-
-
-@contextlib.contextmanager
-def _switch(value: str | None) -> Iterator[None]:
-    old = os.environ.get(SWITCH)
-    _set(SWITCH, value)
-    _clear_vllm_caches()
-    try:
-        yield
-    finally:
-        _set(SWITCH, old)
-        _clear_vllm_caches()
-
-
-def _set(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-
-
-def _clear_vllm_caches() -> None:
-    """vLLM reads the setting once per process (get_kv_cache_layout's lru_cache, envs' cached __getattr__)."""
-    for module, name in (("vllm.v1.attention.backends.utils", "get_kv_cache_layout"), ("vllm.envs", "__getattr__")):
-        fn = getattr(sys.modules.get(module), name, None)
-        if hasattr(fn, "cache_clear"):
-            fn.cache_clear()
 
 
 def contract_of(layer: Layer) -> Contract:
@@ -134,13 +105,11 @@ def contract_of(layer: Layer) -> Contract:
     axes from `get_kv_cache_shape` at sentinel sizes (the probe's, whose axis sizes all differ), the memory order
     from `get_kv_cache_stride_order` where the release has it; from the KVCacheLayout enum, the logical view
     [B, H, N, C] and the order the layout's member spells. ContractError when the backend states neither."""
-    from harness.probe import backends
-
     name = layer.backend_name.removesuffix("_VLLM_V1")
-    b = next((b for b in backends.BACKENDS if b.name == name), None)
+    b = backend_named(name)
     if b is None:
         raise ContractError(f"{layer.describe()}: backend {name} is not one kvconform models; known: "
-                            f"{', '.join(x.name for x in backends.BACKENDS)}")
+                            f"{', '.join(x.name for x in BACKENDS)}")
     origin = f"vllm {layer.release} {layer.backend_name} {layer.kv_cache_layout or 'default'}" + (
         " cross-layer" if layer.cross_layer else "")
     with in_force(layer):

@@ -364,7 +364,7 @@ def test_a_backend_module_that_fails_to_import_is_recorded_unreadable_and_named_
 
 def test_the_probe_records_the_layout_api_and_its_stand_in_answers_like_the_release(monkeypatch):
     from harness import fixtures
-    from harness.probe.api import _layout_env
+    from harness.backends import layout_env
     from harness.vllm_api.standins import StandIns
     from harness.vllm_api.surface import Api
 
@@ -377,7 +377,7 @@ def test_the_probe_records_the_layout_api_and_its_stand_in_answers_like_the_rele
         assert stand.get_kv_cache_shape(*args) == tuple(fa.get_kv_cache_shape(*args))
     for setting in ("NHD", "HND"):
         for flag in (False, True):
-            with _layout_env(setting):
+            with layout_env(setting):
                 assert stand.get_kv_cache_stride_order(flag) == tuple(fa.get_kv_cache_stride_order(flag))
     # The same release with another shape: the live drift check names the answers that moved.
     _shape_era(monkeypatch, family="packed", stride="layers", write="method")

@@ -14,9 +14,10 @@ import sys
 import pytest
 
 from harness import fixtures
+from harness.backends import LAYOUT_ENV, LAYOUT_VALUES
 from harness.contract import ContractError
 from harness.vllm_api import ApiError, CannotAnswer, ReplayError, api_of, backend_class, replaying, stand_ins
-from harness.vllm_api.standins import SWITCH, parse_signature
+from harness.vllm_api.standins import parse_signature
 from harness.vllm_api.surface import encode, surface_diff
 
 if importlib.util.find_spec("vllm") is not None:
@@ -42,9 +43,9 @@ def _recorded(a):
 def _under(monkeypatch, cls, a):
     env = a.get("env", "unset")
     if env is None:
-        monkeypatch.delenv(SWITCH, raising=False)
+        monkeypatch.delenv(LAYOUT_ENV, raising=False)
     elif env != "unset":
-        monkeypatch.setenv(SWITCH, env)
+        monkeypatch.setenv(LAYOUT_ENV, env)
     for k, v in (a.get("state") or {}).items():
         monkeypatch.setattr(cls, k, v)
 
@@ -229,10 +230,10 @@ def test_stride_orders_agree_with_the_contracts(release: str, monkeypatch) -> No
         if not hasattr(cls, "get_kv_cache_stride_order"):
             continue
         for setting in c.origin.setting.split(" + "):
-            value = setting.split()[0].removeprefix("VLLM_KV_CACHE_LAYOUT=")
-            if value not in ("NHD", "HND"):
+            value = setting.split()[0].removeprefix(f"{LAYOUT_ENV}=")
+            if value not in LAYOUT_VALUES:
                 continue
-            monkeypatch.setenv(SWITCH, value)
+            monkeypatch.setenv(LAYOUT_ENV, value)
             if "cross-layer" in setting:
                 want = tuple((("L",) + c.logical).index(a) for a in c.physical)
                 assert cls.get_kv_cache_stride_order(include_num_layers_dimension=True) == want, (c.describe(), setting)

@@ -25,7 +25,6 @@ import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
-import os
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -188,27 +187,6 @@ def write_ops(module: types.ModuleType, op: Callable, names: tuple[str, ...] = (
                 stack.enter_context(patched(module, name, op))
         stack.enter_context(patched(torch.ops, "_C_cache_ops", types.SimpleNamespace(reshape_and_cache_flash=op)))
         yield
-
-
-@contextlib.contextmanager
-def env(name: str, value: str, caches: tuple[Callable, ...]) -> Iterator[None]:
-    """Set a documented env switch; clear the release's functools caches that would hide the change."""
-    import vllm.envs as envs
-
-    caches = caches + ((envs.__getattr__,) if hasattr(getattr(envs, "__getattr__", None), "cache_clear") else ())
-    old = os.environ.get(name)
-    os.environ[name] = value
-    for f in caches:
-        f.cache_clear()
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
-        for f in caches:
-            f.cache_clear()
 
 
 def impl_for(impl_cls: type, fa_module: types.ModuleType) -> Any:

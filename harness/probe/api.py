@@ -2,7 +2,7 @@
 signatures) and its answers at several argument sets, kept in the recording's `api` field for the replay stand-ins
 (harness.vllm_api) and compared by the live drift check.
 
-Surface, per backend class of harness.probe.backends.BACKENDS: every name of `vllm_api.surface.BACKEND_MEMBERS`
+Surface, per backend class of harness.backends.BACKENDS: every name of `vllm_api.surface.BACKEND_MEMBERS`
 the class has, with its kind (staticmethod, classmethod, property, value) and `inspect.signature` text; per
 module of `vllm_api.surface.MODULES`: its layout functions and the KVCacheLayout enum (members, values, every
 property's answer per member), and the public names it holds (what a consumer may import from it).
@@ -19,14 +19,14 @@ from __future__ import annotations
 import contextlib
 import enum
 import inspect
-import os
 import types
 from collections.abc import Iterator
 from typing import Any
 
 from harness import probe as p
-from harness.probe import backends
+from harness.backends import BACKENDS, LAYOUT_VALUES, layout_env
 from harness.contract import CACHE_DTYPES
+from harness.probe import backends
 from harness.vllm_api import surface
 
 # (num_blocks, block_size, num_kv_heads, head_size): DIMS, other sizes, modelopt's plugin's sentinel, an
@@ -34,19 +34,17 @@ from harness.vllm_api import surface
 SHAPE_SIZES = ((3, 16, 4, 32), (7, 32, 2, 64), (3, 16, 1, 16), (1234, 16, 8, 128), (5, 48, 3, 24), (2, 16, 6, 40))
 BLOCK_SIZES = (1, 8, 24, 64, 272)  # at DIMS' other sizes: which block sizes a backend refuses
 BAD_DTYPE = "no_such_dtype"
-LAYOUT_SETTINGS = ("NHD", "HND", None, "XYZ")  # None: VLLM_KV_CACHE_LAYOUT unset
+LAYOUT_SETTINGS = (*LAYOUT_VALUES, None, "XYZ")  # None: the setting unset; XYZ: a value no release accepts
 HEAD_SIZE_V = 24  # the diff-KV backends' class state while they are asked (as harness.probe.backends.HEAD_DIM_V)
 
 
 def record(enum_era: bool) -> dict[str, Any]:
     """The installed release's layout API surface and answers (the recording's `api` field)."""
-    from harness.probe import backends
-
     out: dict[str, Any] = {"format": surface.FORMAT, "modules": {}, "backends": {}}
     for name, wanted in surface.MODULES.items():
         mod = p.module(name)
         out["modules"][name] = None if mod is None else _module(mod, wanted)
-    for b in backends.BACKENDS:
+    for b in BACKENDS:
         try:
             with _importing(b.path):
                 mod = p.module(b.path)
@@ -72,8 +70,6 @@ def record(enum_era: bool) -> dict[str, Any]:
 @contextlib.contextmanager
 def _importing(path: str) -> Iterator[None]:
     """A backend module imported as harness.probe.backends.read imports it: with a missing GPU library stubbed."""
-    from harness.probe import backends
-
     try:
         p.module(path)
     except p.ProbeError as e:
@@ -99,7 +95,7 @@ def _module(mod: types.ModuleType, wanted: tuple[str, ...]) -> dict[str, Any]:
     answers = []
     if "get_kv_cache_layout" in names:
         for setting in LAYOUT_SETTINGS:
-            with _layout_env(setting):
+            with layout_env(setting):
                 answers.append(surface.answer("get_kv_cache_layout", (), {}, {"env": setting}, mod.get_kv_cache_layout))
     return {"names": names, "public": sorted(n for n in vars(mod) if not n.startswith("_")), "answers": answers}
 
@@ -126,7 +122,7 @@ def _answers(b, cls: type, mod: types.ModuleType) -> list[dict[str, Any]]:
         if hasattr(cls, "get_kv_cache_stride_order"):
             layers = "include_num_layers_dimension" in inspect.signature(cls.get_kv_cache_stride_order).parameters
             for setting in LAYOUT_SETTINGS:
-                with _layout_env(setting):
+                with layout_env(setting):
                     ask("get_kv_cache_stride_order", env=setting)
                     if layers:
                         for flag in (False, True):
@@ -145,27 +141,6 @@ def _answers(b, cls: type, mod: types.ModuleType) -> list[dict[str, Any]]:
 def _dtype_strings(cls: type) -> list[str]:
     declared = list(getattr(cls, "supported_kv_cache_dtypes", None) or ())
     return list(dict.fromkeys(["auto", "float16", "bfloat16", "fp8", *CACHE_DTYPES, *declared, BAD_DTYPE]))
-
-
-@contextlib.contextmanager
-def _layout_env(setting: str | None) -> Iterator[None]:
-    from harness.probe.era_stride import SWITCH, _caches
-
-    if setting is not None:
-        with p.env(SWITCH, setting, _caches()):
-            yield
-        return
-    old = os.environ.pop(SWITCH, None)
-    caches = _caches()
-    for f in caches:
-        f.cache_clear()
-    try:
-        yield
-    finally:
-        if old is not None:
-            os.environ[SWITCH] = old
-        for f in caches:
-            f.cache_clear()
 
 
 def _device(mod: types.ModuleType, cap: tuple[int, int]):

@@ -1,6 +1,6 @@
 """Every attention backend's contracts beside FLASH_ATTN's model-dtype ones (which the era adapters read, with the
-write observed): one `Backend` line per backend says where its class lives, which cache dtypes to ask about and
-what kind of cache it keeps; `read` asks the installed release with the same API the era adapters use.
+write observed): harness.backends.BACKENDS says where each backend's class lives and what kind of cache it keeps,
+DTYPES which cache dtypes to ask it about; `read` asks the installed release with the same API the era adapters use.
 
 | API of the release | how a backend's layout is read |
 |---|---|
@@ -11,8 +11,9 @@ A cache dtype is asked about only where the backend's `supported_kv_cache_dtypes
 existed: the model dtype only). Each axis is named by its size (all differ at DIMS, V's head dim too), the
 contract is built from the names and must reproduce the tensor exactly, or the probe fails naming the backend.
 
-Adding a backend: add a `Backend` line. If its kv_cache splits K and V in a way no family of harness.contract
-expresses, add the family there first (FAMILIES, `split`, `size`); until then the probe rejects it by name.
+Adding a backend: add its line to harness.backends.BACKENDS and its cache dtypes to DTYPES. If its kv_cache splits
+K and V in a way no family of harness.contract expresses, add the family there first (FAMILIES, `split`, `size`);
+until then the probe rejects it by name.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ import math
 import sys
 import types
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from harness import probe as p
+from harness.backends import BACKENDS, LAYOUT_ENV, LAYOUT_VALUES, Backend, layout_env
 from harness.contract import ALIASES, CACHE_DTYPES, Contract, ContractError, Dims, Row
 
 GPU_LIBRARIES = ("flashinfer",)  # imported by a backend module, absent from some releases' CPU installs
@@ -39,32 +40,15 @@ HEAD_DIM_V = 24  # V's head dim for the diff-KV backends: differs from every oth
 CAPABILITIES = ((9, 0), (10, 0))  # device classes a backend may answer differently for (Hopper, Blackwell)
 
 
-@dataclass(frozen=True)
-class Backend:
-    """One attention backend: vLLM's name for it, its module under vllm.v1.attention.backends, its class, the
-    cache dtypes to ask about, and what kind of cache it keeps."""
-
-    name: str
-    module: str
-    cls: str
-    dtypes: tuple[str, ...]
-    diff_kv: bool = False
-    latent: bool = False
-
-    @property
-    def path(self) -> str:
-        return f"vllm.v1.attention.backends.{self.module}"
-
-
-BACKENDS = (
-    Backend("FLASH_ATTN", "flash_attn", "FlashAttentionBackend", ("fp8_e4m3",)),  # model dtype: the era adapters
-    Backend("FLASHINFER", "flashinfer", "FlashInferBackend", ("auto", "fp8_e4m3", "nvfp4")),
-    Backend("TRITON_ATTN", "triton_attn", "TritonAttentionBackend", ("auto", "fp8_e4m3", "fp8_per_token_head")),
-    Backend("FLEX_ATTENTION", "flex_attention", "FlexAttentionBackend", ("auto",)),
-    Backend("FLASH_ATTN_DIFFKV", "flash_attn_diffkv", "FlashAttentionDiffKVBackend", ("auto", "fp8_e4m3"),
-            diff_kv=True),
-    Backend("TRITON_MLA", "mla.triton_mla", "TritonMLABackend", ("auto", "fp8_e4m3"), latent=True),
-)
+# The cache dtypes asked about per backend (FLASH_ATTN's model dtype is the era adapters').
+DTYPES = {
+    "FLASH_ATTN": ("fp8_e4m3",),
+    "FLASHINFER": ("auto", "fp8_e4m3", "nvfp4"),
+    "TRITON_ATTN": ("auto", "fp8_e4m3", "fp8_per_token_head"),
+    "FLEX_ATTENTION": ("auto",),
+    "FLASH_ATTN_DIFFKV": ("auto", "fp8_e4m3"),
+    "TRITON_MLA": ("auto", "fp8_e4m3"),
+}
 
 
 def read(version: str, enum_era: bool) -> tuple[list[Contract], dict[str, Any]]:
@@ -120,9 +104,9 @@ def _declared(cls: type) -> list[str] | None:
 def _dtypes(b: Backend, cls: type) -> list[str]:
     declared = _declared(cls)
     if declared is None:
-        return ["auto"] if "auto" in b.dtypes else []
+        return ["auto"] if "auto" in DTYPES[b.name] else []
     said = {ALIASES.get(d, d) for d in declared}
-    return [d for d in b.dtypes if d == "auto" or d in said]
+    return [d for d in DTYPES[b.name] if d == "auto" or d in said]
 
 
 def dims(b: Backend) -> Dims:
@@ -334,8 +318,6 @@ def asked_shape(b: Backend, cls: type, cache_dtype: str) -> tuple[int, ...]:
 
 
 def _shape_views(version: str, b: Backend, cls: type, cache_dtype: str, mod: types.ModuleType):
-    from harness.probe.era_stride import SWITCH, SWITCH_VALUES, _caches
-
     takes_dtype = takes_cache_dtype(cls)
     if not takes_dtype and not CACHE_DTYPES[cache_dtype].values_only:
         return
@@ -347,9 +329,9 @@ def _shape_views(version: str, b: Backend, cls: type, cache_dtype: str, mod: typ
     if stride_fn is not None:
         try:
             orders = {}
-            for value in SWITCH_VALUES:
-                with p.env(SWITCH, value, _caches()):
-                    orders[f"{SWITCH}={value}"] = tuple(stride_fn())
+            for value in LAYOUT_VALUES:
+                with layout_env(value):
+                    orders[f"{LAYOUT_ENV}={value}"] = tuple(stride_fn())
         except NotImplementedError:
             orders = {"default": None}
     element = CACHE_DTYPES[cache_dtype].element or torch.float16
@@ -362,7 +344,7 @@ def _shape_views(version: str, b: Backend, cls: type, cache_dtype: str, mod: typ
         c = contract(b, logical, p.physical(dict(zip(logical, kv_cache.stride()))),
                      f"vllm {version} {b.name} {setting}", cache_dtype)
         p.check_view(c, kv_cache, 0, d)
-        with p.env(SWITCH, setting.split("=")[-1], _caches()) if "=" in setting else contextlib.nullcontext():
+        with layout_env(setting.split("=")[-1]) if "=" in setting else contextlib.nullcontext():
             write = _write(b, cls, mod, c, kv_cache, buf)
         yield setting, c, {"get_kv_cache_shape": list(shape), "cache_dtype_str_argument": takes_dtype,
                            "stride_order": list(order), "kv_cache": p.view_record(kv_cache), "write": write}

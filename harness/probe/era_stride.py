@@ -17,14 +17,12 @@ from typing import Any
 import torch
 
 from harness import probe as p
+from harness.backends import LAYOUT_ENV, LAYOUT_VALUES, layout_env
 from harness.contract import Dims
 from harness.fixtures import Recording
 
 FA = "vllm.v1.attention.backends.flash_attn"
-UTILS = "vllm.v1.attention.backends.utils"
 MIXIN = "vllm.v1.worker.kv_connector_model_runner_mixin"
-SWITCH = "VLLM_KV_CACHE_LAYOUT"
-SWITCH_VALUES = ("NHD", "HND")  # what the env var documents; the release is also asked to reject another value
 SINGLE = Dims(p.DIMS.num_blocks, p.DIMS.block_size, p.DIMS.kv_heads, p.DIMS.head_dim)
 
 
@@ -50,17 +48,11 @@ def missing() -> str | None:
     # 0.8.5 inherits the abstract method, which raises NotImplementedError; vLLM's model runner treats that as
     # "no stride order" (identity), and so does the probe (era_shape).
     try:
-        with p.env(SWITCH, SWITCH_VALUES[0], _caches()):
+        with layout_env(LAYOUT_VALUES[0]):
             be.get_kv_cache_stride_order()
     except NotImplementedError:
         return "FlashAttentionBackend.get_kv_cache_stride_order raises NotImplementedError"
     return None
-
-
-def _caches() -> tuple:
-    """The functools caches between VLLM_KV_CACHE_LAYOUT and the stride order (get_kv_cache_layout's lru_cache)."""
-    utils = p.module(UTILS)
-    return tuple(f for f in (getattr(utils, "get_kv_cache_layout", None),) if hasattr(f, "cache_clear"))
 
 
 def probe(version: str) -> Recording:
@@ -101,22 +93,23 @@ def read(
             contracts.append(c)
             settings["default"] = obs
         else:
-            cached = _caches()
-            for value in SWITCH_VALUES:
-                with p.env(SWITCH, value, cached):
+            for value in LAYOUT_VALUES:
+                with layout_env(value):
                     c, obs = _single(be, be.get_kv_cache_stride_order, f"{origin} {value}", path, write, calls)
                     contracts.append(c)
                     if _has_layers_arg(be):
                         cl, obs["cross_layer"] = _cross_layer(be, f"{origin} {value} cross-layer", path, write, calls)
                         contracts.extend(cl)
-                settings[f"{SWITCH}={value}"] = obs
-            with p.env(SWITCH, "XYZ", cached):
+                settings[f"{LAYOUT_ENV}={value}"] = obs
+            # The release is also asked to reject a value the variable does not document.
+            with layout_env("XYZ"):
                 try:
                     be.get_kv_cache_stride_order()
                 except Exception as e:  # noqa: BLE001 - any refusal will do; its text goes into the record
-                    settings["rejects"] = f"{SWITCH}=XYZ -> {type(e).__name__}: {e}"
+                    settings["rejects"] = f"{LAYOUT_ENV}=XYZ -> {type(e).__name__}: {e}"
                 else:
-                    raise p.ProbeError(f"vllm {version} accepts {SWITCH}=XYZ: its switch values are not NHD/HND only")
+                    raise p.ProbeError(f"vllm {version} accepts {LAYOUT_ENV}=XYZ: its switch values are not "
+                                       "NHD/HND only")
     observations = {
         "era": era,
         "method": f"{'get_kv_cache_shape + get_kv_cache_stride_order' if stride_order else 'get_kv_cache_shape'}"

@@ -20,6 +20,7 @@ import importlib.metadata
 from typing import Any
 
 from harness import fixtures
+from harness.backends import BACKENDS, backend_named
 from harness.fixtures import Recording
 from harness.vllm_api.modules import ReplayError, real_vllm, replaying
 from harness.vllm_api.standins import CannotAnswer, StandIns
@@ -49,14 +50,12 @@ def stand_ins(recording: Recording, device: str | None = None) -> StandIns:
 def backend_class(release: str | Recording, backend: str, device: str | None = None) -> Any:
     """The backend class a connector gets for (release, backend) — kvconform's backend name, e.g. FLASH_ATTN: live
     (the installed vLLM is `release`), vLLM's own class; otherwise the recorded release's stand-in."""
-    from harness.probe.backends import BACKENDS
-
     name = release.release if isinstance(release, Recording) else release
     if real_vllm():
         installed = importlib.metadata.version("vllm")
         if name not in (installed, "main"):
             raise ApiError(f"vLLM {installed} is installed, not {name}: its classes cannot stand for {name}'s")
-        b = next((b for b in BACKENDS if b.name == backend), None)
+        b = backend_named(backend)
         if b is None:
             raise ApiError(f"unknown backend {backend!r}; known: {', '.join(b.name for b in BACKENDS)}")
         return getattr(importlib.import_module(b.path), b.cls)

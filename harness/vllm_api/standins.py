@@ -28,10 +28,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from harness.backends import LAYOUT_ENV
 from harness.contract import Contract
 from harness.vllm_api.surface import Api, ApiError, BackendApi, Member
-
-SWITCH = "VLLM_KV_CACHE_LAYOUT"
 
 # Stored width of one side per token and head, by rule name; a rule is chosen per (backend, cache dtype string) by
 # the recorded answers, never by the string's name.
@@ -241,7 +240,7 @@ def _key(args: dict[str, Any], where: dict[str, Any]) -> str:
 def layout_setting() -> str | None:
     """The VLLM_KV_CACHE_LAYOUT setting a stand-in answers under: the environment's, read at each call (vLLM reads
     it once per process through a cache; replay serves one setting per call instead)."""
-    return os.environ.get(SWITCH)
+    return os.environ.get(LAYOUT_ENV)
 
 
 class StandIns:
