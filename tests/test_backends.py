@@ -1,17 +1,21 @@
 """Contracts beyond FlashAttention's model-dtype ones: FlashInfer's heads-axis NVFP4 split, Triton's padded
 per-token-head split, diff-KV's unequal K/V head dims, FP8 views and MLA's latent cache. Each form round-trips
-tokens through its split, and a subject with the split a backend does not use fails, with a REPRO line."""
+tokens through its split, and a subject with the split a backend does not use fails, with a REPRO line. vLLM's
+layout setting (harness.backends.layout_env) is set, its cached reads cleared, and both restored."""
 
+import functools
 import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
 import recorded
+from harness.backends import LAYOUT_ENV, layout_env
 from harness.cache import paging, read, write
 from harness.contract import Contract, ContractError, Dims, cache_dtype, cross_layer
 from harness.fixtures import save
@@ -247,3 +251,73 @@ def test_a_planted_stride_bug_fails_on_the_fp8_cache(layouts):
     assert done.returncode == 1, out[-3000:]
     assert verdicts(out) == {"0.33.0-packed:B.N.H.C@fp8_e4m3": "FAILED"}, out
     assert re.search(r"^E\s+REPRO bit-identity release=0.33.0 .*geometry=packed:B.N.H.C@fp8_e4m3", out, re.M)
+
+
+# ---- harness.backends: vLLM's layout setting -------------------------------------------------------------------
+
+
+def _cached_reader(monkeypatch, module: str, name: str, calls: list) -> None:
+    """A vLLM module holding an lru_cached read of the layout setting, as the releases before KVCacheLayout hold."""
+
+    @functools.lru_cache
+    def read(*_):
+        calls.append(os.environ.get(LAYOUT_ENV))
+        return calls[-1]
+
+    fake = types.ModuleType(module)
+    setattr(fake, name, read)
+    monkeypatch.setitem(sys.modules, module, fake)
+
+
+@pytest.fixture
+def readers(monkeypatch):
+    """get_kv_cache_layout and vllm.envs' __getattr__ as fakes; calls to each reach the environment when uncached."""
+    calls = {"layout": [], "envs": []}
+    _cached_reader(monkeypatch, "vllm.v1.attention.backends.utils", "get_kv_cache_layout", calls["layout"])
+    _cached_reader(monkeypatch, "vllm.envs", "__getattr__", calls["envs"])
+    return (lambda: sys.modules["vllm.v1.attention.backends.utils"].get_kv_cache_layout(),
+            lambda: sys.modules["vllm.envs"].__getattr__(LAYOUT_ENV))
+
+
+def test_layout_env_sets_the_setting_clears_cached_reads_and_restores_both(monkeypatch, readers):
+    monkeypatch.setenv(LAYOUT_ENV, "HND")
+    assert [read() for read in readers] == ["HND", "HND"]  # now cached
+    with layout_env("NHD"):
+        assert os.environ[LAYOUT_ENV] == "NHD"
+        assert [read() for read in readers] == ["NHD", "NHD"]
+    assert os.environ[LAYOUT_ENV] == "HND"
+    assert [read() for read in readers] == ["HND", "HND"]
+
+
+def test_layout_env_leaves_an_unset_setting_unset_and_unsets_for_none(monkeypatch, readers):
+    monkeypatch.delenv(LAYOUT_ENV, raising=False)
+    with pytest.raises(RuntimeError, match="inside"):
+        with layout_env("HND"):
+            assert [read() for read in readers] == ["HND", "HND"]
+            raise RuntimeError("inside")
+    assert LAYOUT_ENV not in os.environ and [read() for read in readers] == [None, None]
+    monkeypatch.setenv(LAYOUT_ENV, "NHD")
+    with layout_env(None):
+        assert LAYOUT_ENV not in os.environ and [read() for read in readers] == [None, None]
+    assert [read() for read in readers] == ["NHD", "NHD"]
+
+
+def test_layout_env_clears_a_reader_cached_after_it_was_entered(monkeypatch):
+    # vllm.envs.enable_envs_cache() wraps __getattr__ in a cache while a release runs.
+    monkeypatch.setenv(LAYOUT_ENV, "NHD")
+    with layout_env("HND"):
+        calls: list = []
+        _cached_reader(monkeypatch, "vllm.envs", "__getattr__", calls)
+        assert sys.modules["vllm.envs"].__getattr__(LAYOUT_ENV) == "HND"
+    assert sys.modules["vllm.envs"].__getattr__(LAYOUT_ENV) == "NHD"
+
+
+def test_layout_env_needs_no_vllm_and_the_module_imports_nothing_of_harness(monkeypatch):
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    with layout_env("HND"):
+        assert os.environ[LAYOUT_ENV] == "HND"
+    done = subprocess.run([sys.executable, "-c", "import sys, harness.backends; print(sorted(m for m in sys.modules "
+                           "if m.split('.')[0] in ('harness', 'vllm', 'torch')))"],
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.stdout.split() == ["['harness',", "'harness.backends']"], done.stderr
