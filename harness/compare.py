@@ -1,6 +1,8 @@
-"""Bitwise comparison of outputs, and a diagnosis of how two tensors differ.
+"""Bitwise comparison of outputs, a diagnosis of how two tensors differ, and whether two tensors are one view.
 
-Equal means equal bits: NaN equals NaN of the same payload, -0.0 differs from 0.0.
+Equal means equal bits: NaN equals NaN of the same payload, -0.0 differs from 0.0. The same view means the same
+shape, strides, storage offset, data pointer, storage and dtype, strides compared only where the size is not 1 (an
+axis of size 1 addresses nothing, so torch leaves its stride free).
 """
 
 from __future__ import annotations
@@ -77,6 +79,20 @@ def assert_bit_identical(actual: torch.Tensor, expected: torch.Tensor, context: 
     diagnosis = diagnose(actual, expected)
     if diagnosis is not None:
         raise AssertionError(f"{context}{': ' if context else ''}not bit-identical: {diagnosis}")
+
+
+def view_mismatch(got: torch.Tensor, want: torch.Tensor) -> list[str]:
+    """The fields in which `got` is not the view `want` is, each "name got (contract: want)"; empty when it is."""
+    fields = {"shape": (tuple(got.shape), tuple(want.shape)), "stride": (_addressing(got), _addressing(want)),
+              "storage_offset": (got.storage_offset(), want.storage_offset()),
+              "data_ptr": (got.data_ptr(), want.data_ptr()),
+              "storage": (got.untyped_storage().data_ptr(), want.untyped_storage().data_ptr()),
+              "dtype": (got.dtype, want.dtype)}
+    return [f"{name} {g} (contract: {w})" for name, (g, w) in fields.items() if g != w]
+
+
+def _addressing(t: torch.Tensor) -> tuple[int | None, ...]:
+    return tuple(None if n == 1 else st for n, st in zip(t.shape, t.stride()))
 
 
 def _ordered(b: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,10 @@
-"""Bitwise comparison: NaN-aware, -0.0 distinct, and a diagnosis that locates the first mismatch."""
+"""Bitwise comparison: NaN-aware, -0.0 distinct, and a diagnosis that locates the first mismatch; the view identity
+check names each field in which two tensors are not one view."""
 
 import pytest
 import torch
 
-from harness.compare import assert_bit_identical, diagnose
+from harness.compare import assert_bit_identical, diagnose, view_mismatch
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -62,3 +63,31 @@ def test_assertion_message_carries_the_diagnosis():
 def test_shape_or_dtype_mismatch_is_an_error_not_a_diagnosis():
     with pytest.raises(ValueError, match=r"cannot compare \(2, 2\) torch.float32 with \(2, 3\)"):
         diagnose(torch.zeros(2, 2), torch.zeros(2, 3))
+
+
+def test_the_same_view_has_no_view_mismatch():
+    cache = torch.zeros(3, 2, 16, 4)
+    assert view_mismatch(cache.unbind(1)[0], cache[:, 0]) == []
+
+
+def test_a_copy_with_equal_values_is_another_view():
+    # Same shape, strides and offset: only the memory tells the copy apart, as it would hide a wrong layout.
+    k = torch.arange(2 * 16 * 4.0).reshape(2, 16, 4)
+    copy = k.clone()
+    assert torch.equal(copy, k)
+    wrong = view_mismatch(copy, k)
+    assert [w.split()[0] for w in wrong] == ["data_ptr", "storage"], wrong
+    assert wrong[0] == f"data_ptr {copy.data_ptr()} (contract: {k.data_ptr()})"
+
+
+def test_a_transposed_view_differs_in_strides_only():
+    square = torch.zeros(4, 4)
+    assert view_mismatch(square.t(), square) == ["stride (1, 4) (contract: (4, 1))"]
+
+
+def test_the_stride_of_a_size_1_axis_is_ignored_and_an_offset_view_named():
+    t = torch.zeros(3, 1, 5)
+    other = t.as_strided((3, 1, 5), (5, 999, 1))
+    assert other.stride() != t.stride() and view_mismatch(other, t) == []
+    assert view_mismatch(t[:, :, 1:], t[:, :, :4]) == ["storage_offset 1 (contract: 0)",
+                                                       f"data_ptr {t.data_ptr() + 4} (contract: {t.data_ptr()})"]
