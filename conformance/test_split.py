@@ -5,14 +5,10 @@ stride of an axis of size 1 addresses nothing (torch leaves it free), so strides
 not 1."""
 
 from harness import checks
+from harness.compare import view_mismatch
 from harness.results import Word
 
 CHECK = checks.SPLIT_AGREES  # its declaration: what it needs, costs and draws
-
-
-def _addressing(t) -> tuple[int | None, ...]:
-    """A view's strides, None where its axis has size 1."""
-    return tuple(None if n == 1 else st for n, st in zip(t.shape, t.stride()))
 
 
 def check(run, ex, _):
@@ -20,12 +16,7 @@ def check(run, ex, _):
     got = run.subject_split(kv_cache, run.layer(ex))
     want = ex.contract.split(kv_cache, ex.dims)
     for name, a, b in zip("KV", got, want):
-        fields = {"shape": (tuple(a.shape), tuple(b.shape)), "stride": (_addressing(a), _addressing(b)),
-                  "storage_offset": (a.storage_offset(), b.storage_offset()),
-                  "data_ptr": (a.data_ptr(), b.data_ptr()),
-                  "storage": (a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()),
-                  "dtype": (a.dtype, b.dtype)}
-        wrong = [f"{k} {x} (contract: {y})" for k, (x, y) in fields.items() if x != y]
+        wrong = view_mismatch(a, b)
         if wrong:
             return run.outcome(Word.DIFFERS, f"{name} view of kv_cache {tuple(kv_cache.shape)} strides "
                                           f"{kv_cache.stride()}: {'; '.join(wrong)}")
