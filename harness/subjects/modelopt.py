@@ -48,6 +48,7 @@ import torch
 
 from harness.cache import Paging
 from harness.cases import Case
+from harness.compare import view_mismatch
 from harness.contract import ContractError
 from harness.layer import Layer, contract_of
 from harness import fixtures, vllm_api
@@ -237,15 +238,12 @@ class ModeloptSubject:
 def split_mismatch(
     got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor]
 ) -> str | None:
-    """None when the plugin's K and V alias exactly the contract's views (same memory, shape and strides)."""
+    """None when the plugin's K and V are exactly the contract's views (harness.compare.view_mismatch)."""
     for name, g, w in (("K", got[0], want[0]), ("V", got[1], want[1])):
-        if (g.shape, g.stride(), g.data_ptr(), g.dtype) != (w.shape, w.stride(), w.data_ptr(), w.dtype):
-            return (
-                f"{name}: plugin view shape {tuple(g.shape)} strides {tuple(g.stride())} storage offset "
-                f"{g.storage_offset()}, contract view shape {tuple(w.shape)} strides {tuple(w.stride())} storage "
-                f"offset {w.storage_offset()}"
-                + ("" if g.untyped_storage().data_ptr() == w.untyped_storage().data_ptr() else " (other memory)")
-            )
+        wrong = view_mismatch(g, w)
+        if wrong:
+            return (f"{name}: plugin view shape {tuple(g.shape)} strides {tuple(g.stride())} storage offset "
+                    f"{g.storage_offset()}: {'; '.join(wrong)}")
     return None
 
 
