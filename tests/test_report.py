@@ -3,6 +3,7 @@ failures only one release has) and never merges outcome words: a cell reads pass
 counted beside it, red with any new finding; a known finding never hides a new one. Every report here is built from
 hand-written result lines."""
 
+import ast
 import json
 import os
 import re
@@ -519,6 +520,25 @@ def test_the_report_command_imports_only_the_standard_library(tmp_path):
     assert (root / "report.md").read_text().startswith("# kvconform conformance report\n\n**RED: 1 new finding")
     assert (root / "report.html").is_file() and json.loads((root / "report.json").read_text())["releases"] == [
         "0.25.1", "0.33.0"]
+
+
+# harness.report's modules, each importing only the ones before it: no circle, nothing imported inside a function.
+_LAYERS = ("cells", "keys", "changes", "lone_failures", "fold", "sections", "markdown", "html", "__main__")
+
+
+def test_the_report_modules_import_one_way():
+    package = Path(report.__file__).parent
+    assert sorted(p.stem for p in package.glob("*.py")) == sorted((*_LAYERS, "__init__"))
+    assert not ast.parse((package / "__init__.py").read_text()).body[1:]  # a docstring only
+    for i, name in enumerate(_LAYERS):
+        tree = ast.parse((package / f"{name}.py").read_text())
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        assert all(n in top for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))), name
+        used = {f"{n.module}.{a.name}" if n.module == "harness.report" else n.module or ""
+                for n in top if isinstance(n, ast.ImportFrom) for a in n.names}
+        used |= {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
+        below = {f"harness.report.{m}" for m in _LAYERS[:i]}
+        assert {u for u in used if u.startswith("harness.report")} <= below, name
 
 
 def run_of(root, run, time, release, *items, source="replay"):
