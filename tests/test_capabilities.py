@@ -7,7 +7,10 @@ import re
 
 import pytest
 
-from harness import cells, report, results, runner
+from harness import results, runner
+from harness.report import cells
+from harness.report.fold import report_data
+from harness.report.markdown import report_md
 from harness.subjects import DEFAULT_CAPABILITIES, capabilities_of
 
 pytest_plugins = ["pytester"]
@@ -76,9 +79,9 @@ def test_a_correct_consumer_is_green_and_gets_no_forward_check(host):
         (rel, c) for rel in FAMILIES for c in FORWARD_CHECKS | {"transfer"})  # one line per release and check
     assert all(r["geometry"] == "*" and "declares split" in r["diagnosis"] for r in na)
     assert {r["outcome"] for r in rows if r["check"] in FORWARD_CHECKS} == {"not-applicable"}
-    data = report.fold(results.read(host.path / "results"))
+    data = report_data(results.read(host.path / "results"))
     assert data["verdict"].startswith("GREEN") and not data["new_findings"]
-    assert "∅" in report.markdown(data) and cells.mark("not-applicable") is not cells.mark("unsupported")
+    assert "∅" in report_md(data) and cells.mark("not-applicable") is not cells.mark("unsupported")
 
 
 def test_a_consumer_that_unbinds_axis_0_is_red_with_repro_lines_on_blocks_first_and_packed(host):

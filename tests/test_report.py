@@ -3,6 +3,7 @@ failures only one release has) and never merges outcome words: a cell reads pass
 counted beside it, red with any new finding; a known finding never hides a new one. Every report here is built from
 hand-written result lines."""
 
+import ast
 import json
 import os
 import re
@@ -13,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import cells, page, report, results
+from harness import report, results
+from harness.report import cells, sections
+from harness.report.__main__ import main
+from harness.report.fold import report_data, span
+from harness.report.html import report_html
+from harness.report.markdown import report_md
 from harness.results import OUTCOMES, PASSING, Result
 
 
@@ -50,7 +56,7 @@ def build(tmp_path):
 
 
 def fold(root):
-    return report.fold(results.read(merged(root)))
+    return report_data(results.read(merged(root)))
 
 
 def matrix_rows(md: str, subject: str = "builtin") -> dict[str, list[str]]:
@@ -116,12 +122,12 @@ def test_pass_over_total_per_cell_from_known_lines(tmp_path):
     add(root, "0.25.1", "*", "skipped", check="vllm-write")
     add(root, "0.33.0", "packed:B.H.N.C", "rejected", check="rejects-malformed")
     data = fold(root)
-    rows = matrix_rows(report.markdown(data))
+    rows = matrix_rows(report_md(data))
     assert rows["0.25.1"] == ["·", "3/5 ◆1 ⊘1", "○1"] and rows["0.33.0"] == ["1/1", "·", "·"]
     c = cells.cell(data["checks"]["builtin"]["0.25.1"]["bit-identity"])
     assert (c.passed, c.total, c.red, c.tone) == (3, 5, False, "f6")
     assert cells.cell(data["checks"]["builtin"]["0.33.0"]["rejects-malformed"]).tone == "f10"
-    dtypes = report.markdown(data).split("#### builtin: release × cache dtype")[1].splitlines()
+    dtypes = report_md(data).split("#### builtin: release × cache dtype")[1].splitlines()
     assert "| 0.25.1 | 3/4 ◆1 | ⊘1 |" in dtypes  # auto: the passes and the known finding; nvfp4: unsupported
 
 
@@ -134,8 +140,8 @@ def test_one_planted_failure_among_passes_makes_a_red_cell(tmp_path):
     data = fold(root)
     c = cells.cell(data["checks"]["builtin"]["0.33.0"]["bit-identity"])
     assert (c.face, c.red, c.tone) == ("99/100", True, "red")
-    assert matrix_rows(report.markdown(data))["0.33.0"] == ["**99/100** **✗1**", "1/1"]
-    tree = ET.fromstring(page.html_page(data))
+    assert matrix_rows(report_md(data))["0.33.0"] == ["**99/100** **✗1**", "1/1"]
+    tree = ET.fromstring(report_html(data))
     tds = [td for td in tree.iter("td") if td.get("data-check")]
     assert [(td.get("data-check"), td.get("class")) for td in tds] == [
         ("bit-identity", "cell c red"), ("determinism", "cell c f10")]
@@ -153,7 +159,7 @@ def test_only_passing_words_get_the_pass_mark():
 def test_known_finding_never_hides_a_new_one(tmp_path):
     root = build(tmp_path)
     add(root, "0.9.2", "blocks-first:B.KV.N.H.D", "contract-error", check="determinism", known="builtin#3")
-    md = report.markdown(fold(root))
+    md = report_md(fold(root))
     columns = md.split("### builtin\n\n", 1)[1].splitlines()[0].strip("|").split("|")[2:]
     assert [c.strip() for c in columns] == ["install", "split-agrees", "bit-identity", "determinism", "vllm-write"]
     rows = matrix_rows(md)
@@ -168,7 +174,7 @@ def test_new_findings_come_first_grouped_with_their_repro_lines(tmp_path):
     for release, case in (("0.30.0", 1), ("0.30.0", 1), ("0.30.0", 2), ("main", 3), ("main", 4)):
         add(root, release, "packed:B.H.N.C", "differs", diagnosis=f"{case} of 64 differ, max ULP {case}",
             repro=f"REPRO bit-identity case {case}")
-    md = report.markdown(fold(root))
+    md = report_md(fold(root))
     head, matrix = md.split("## What broke")[0], md.index("## Where")
     assert head.splitlines()[2] == "**RED: 8 new findings in 4 releases**"
     broke = md[md.index("## What broke"):matrix]
@@ -179,7 +185,7 @@ def test_new_findings_come_first_grouped_with_their_repro_lines(tmp_path):
     assert "· bit-identity · 0.30.0, main · packed:B.H.N.C · 5 results" in kind
     assert "1 of 64 differ, max ULP 1" in kind and "of 8 differ" not in kind  # another diagnosis, another kind
     assert broke.count("REPRO bit-identity case 1") == 1  # deduplicated
-    shown = report.REPROS_SHOWN
+    shown = sections.REPROS_SHOWN
     assert sum(f"REPRO bit-identity case {c}" in broke for c in range(1, 5)) == shown
     assert f"+{4 - shown} more REPRO lines" in broke
     assert "REPRO harness 0.30.0" in broke and "REPRO differs 0.9.2" in broke
@@ -187,24 +193,24 @@ def test_new_findings_come_first_grouped_with_their_repro_lines(tmp_path):
 
 
 def test_kinds_beyond_the_first_screen_are_under_details(tmp_path, monkeypatch):
-    monkeypatch.setattr(report, "FIRST_GROUPS", 1)
-    md = report.markdown(fold(build(tmp_path)))
+    monkeypatch.setattr(sections, "FIRST_GROUPS", 1)
+    md = report_md(fold(build(tmp_path)))
     assert "+2 more kinds of new finding: under Details" in md
     details = md[md.index("## Details"):]
     assert "REPRO differs 0.9.2" in details and "REPRO harness 0.30.0" not in details
 
 
 def test_outcome_words_fit_the_check(tmp_path):
-    assert report.says("drift", "bit-identical") == "no drift"
-    assert report.says("drift", "differs [known]") == "drift [known]"
-    assert report.says("bit-identity", "bit-identical") == "bit-identical"
+    assert cells.says("drift", "bit-identical") == "no drift"
+    assert cells.says("drift", "differs [known]") == "drift [known]"
+    assert cells.says("bit-identity", "bit-identical") == "bit-identical"
     root = tmp_path / "results"
     add(root, "0.33.0", "*", "bit-identical", check="drift", source="live")
     add(root, "0.32.0", "*", "differs", check="drift", source="live", diagnosis="axes changed", repro="REPRO drift")
     add(root, "0.33.0", "packed:B.H.N.C", "bit-identical", check="split-agrees")
     data = fold(root)
     assert data["checks"]["builtin"]["0.33.0"]["drift"] == {"bit-identical": 1}  # the stored word stays
-    md = report.markdown(data)
+    md = report_md(data)
     assert "- **✗ drift** · builtin · drift · 0.32.0 · whole release" in md
     details = md[md.index("## Details"):]
     assert "| 0.33.0 | no drift 1 | agrees 1 |" in details and "bit-identical" not in details
@@ -214,7 +220,7 @@ def test_html_is_well_formed_and_says_the_same(tmp_path):
     root = build(tmp_path)
     add(root, "main", "packed:B.H.N.C", "differs", diagnosis="x < y & z", repro="REPRO <b>1</b>")
     data = fold(root)
-    html, md = page.html_page(data), report.markdown(data)
+    html, md = report_html(data), report_md(data)
     tree = ET.fromstring(html)  # well-formed: parses as XML, every tag closed, every '<' and '&' escaped
     text = " ".join(" ".join(e.itertext()) for e in tree.iter())
     assert tree.find("head/title").text == f"kvconform: {data['verdict']}"
@@ -237,7 +243,7 @@ def test_html_is_well_formed_and_says_the_same(tmp_path):
 
 def test_command_writes_markdown_html_and_json(tmp_path):
     root = merged(build(tmp_path))
-    assert report.main([str(root), "--out", str(tmp_path / "out")]) == 0
+    assert main([str(root), "--out", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "report.md").read_text()
     assert md.startswith("# kvconform conformance report\n\n**RED: 3 new findings in 3 releases**\n")
     row = r"\| 0\.9\.2 \| replay, run r1 at \S+ \| · \| · \| \*\*1/3\*\* \*\*✗1\*\* ⊘1 \| · \|"
@@ -249,12 +255,12 @@ def test_command_writes_markdown_html_and_json(tmp_path):
 
 def test_release_spans_follow_the_report_order():
     releases = ["0.8.5.post1", "0.9.2", "0.10.2", "0.11.2", "0.33.0", "main"]
-    assert report.span({"0.9.2", "0.11.2", "0.10.2", "main"}, releases) == "0.9.2–0.11.2, main"
-    assert report.span(releases, releases) == "all 6 releases (0.8.5.post1–main)"
+    assert span({"0.9.2", "0.11.2", "0.10.2", "main"}, releases) == "0.9.2–0.11.2, main"
+    assert span(releases, releases) == "all 6 releases (0.8.5.post1–main)"
 
 
 def test_no_results_is_an_error(tmp_path):
-    assert report.main([str(tmp_path)]) == 1
+    assert main([str(tmp_path)]) == 1
 
 
 def test_not_applicable_is_its_own_mark_never_a_pass_nor_a_finding(tmp_path):
@@ -266,9 +272,9 @@ def test_not_applicable_is_its_own_mark_never_a_pass_nor_a_finding(tmp_path):
     assert data["verdict"].startswith("GREEN") and not data["new_findings"]
     assert data["checks"]["builtin"]["0.25.1"]["bit-identity"] == {"not-applicable": 1}
     assert cells.mark("not-applicable") not in (cells.PASS, cells.UNSUPPORTED, cells.SKIPPED)
-    row = matrix_rows(report.markdown(data))["0.25.1"]
+    row = matrix_rows(report_md(data))["0.25.1"]
     assert row == ["1/1", "⊘1", "∅1"]  # split-agrees, transfer, bit-identity in the reader's order
-    assert "not-applicable" in page.html_page(data)
+    assert "not-applicable" in report_html(data)
 
 
 def test_cache_dtypes_get_their_own_matrix_and_geometries_name_their_backends(tmp_path):
@@ -276,18 +282,18 @@ def test_cache_dtypes_get_their_own_matrix_and_geometries_name_their_backends(tm
     add(root, "0.33.0", "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN", "PLANTED"))
     add(root, "0.33.0", "packed:B.N.H.C@fp8_e4m3", "differs", diagnosis="1 of 8 differ", repro="REPRO fp8")
     add(root, "0.33.0", "head-slots:B.S.N.D@nvfp4", "unsupported", diagnosis="cache dtype nvfp4 not supported")
-    data = report.fold(results.read(merged(root)))
+    data = report_data(results.read(merged(root)))
     assert {d: dict(c) for d, c in data["cache_dtypes"]["builtin"]["0.33.0"].items()} == {
         "auto": {"bit-identical": 1}, "fp8_e4m3": {"differs": 1}, "nvfp4": {"unsupported": 1}}
-    md = report.markdown(data)
+    md = report_md(data)
     table = md[md.index("#### builtin: release × cache dtype"):].splitlines()
     assert table[2] == "| release | auto | fp8_e4m3 | nvfp4 |"
     assert re.match(r"\| 0\.33\.0 \| \S+ \| \S+ \| \S+ \|", table[4])
-    assert report.family(data, "packed:B.N.H.C@fp8_e4m3") == "packed@fp8_e4m3"
+    assert sections.family(data, "packed:B.N.H.C@fp8_e4m3") == "packed@fp8_e4m3"
     # The backends are the run's (its lines), not the shipped recordings', which have no PLANTED backend.
     backends = md[md.index("## Backends"):].splitlines()
     assert "- PLANTED: 0.33.0 · packed:B.H.N.C" in backends, backends
-    assert "release × cache dtype" in page.html_page(data)
+    assert "release × cache dtype" in report_html(data)
 
 
 def test_the_report_names_the_run_each_release_comes_from(tmp_path):
@@ -301,7 +307,7 @@ def test_the_report_names_the_run_each_release_comes_from(tmp_path):
     assert [r["run"] for r in data["origins"]["builtin"]["0.25.1"]["runs"]] == ["20261201T090000Z-aaaaaa"]
     assert data["origins"]["builtin"]["0.33.0"] == {"sources": ["live"], "runs": [
         {"run": "20261201T100000Z-bbbbbb", "time": "2026-12-01T10:02:03+00:00", "lines": 1}]}
-    md = report.markdown(data)
+    md = report_md(data)
     assert "| 0.33.0 | live, run 20261201T100000Z-bbbbbb at 2026-12-01T10:02:03+00:00 |" in md, md
     assert "run 20261201T090000Z-aaaaaa at 20" in md  # the time append() stamped
 
@@ -326,7 +332,7 @@ def two_runs(tmp_path):
             diagnosis="1 of 8 differ", repro="REPRO bit-identity 0.33.0")
         add(root, "0.33.0", "packed:B.H.N.C", "bit-identical", check="determinism", backends=("FLASH_ATTN",))
         add(root, "0.33.0", "packed:B.H.N.C@nvfp4", "unsupported", backends=("FLASHINFER",), diagnosis="nvfp4")
-        assert report.main([str(merged(root)), "--out", str(tmp_path / f"{name}-report")]) == 0
+        assert main([str(merged(root)), "--out", str(tmp_path / f"{name}-report")]) == 0
         return root
     return run("old", broken=False, fixed=False), run("new", broken=True, fixed=True)
 
@@ -334,7 +340,7 @@ def two_runs(tmp_path):
 def test_since_lists_exactly_a_planted_new_failure_and_a_planted_fix(tmp_path):
     _, new = two_runs(tmp_path)
     old_json = tmp_path / "old-report" / "report.json"
-    data = report.fold(results.read(new), since=old_json)
+    data = report_data(results.read(new), since=old_json)
     ch = data["changes"]
     assert [(c["release"], c["check"], c["geometry"], c["backends"], c["before"], c["after"], c["repro"])
             for c in ch["new_failures"]] == [
@@ -343,13 +349,13 @@ def test_since_lists_exactly_a_planted_new_failure_and_a_planted_fix(tmp_path):
         ("0.25.1", "determinism", "blocks-first:B.KV.N.H.D", "fail", "pass")]
     assert not any(ch[k] for k in ch if k not in ("since", "since_verdict", "new_failures", "fixes"))
     # First on the page, right under the verdict and the runs it folded, in markdown and HTML alike.
-    md = report.markdown(data)
+    md = report_md(data)
     assert md.split("\n## ")[1].startswith("Runs folded (1)")
     head = md.split("\n## ")[2]
     assert head.startswith(f"Since {old_json} (RED: 1 new finding in 1 release)"), md
     assert "### **1 new failure**" in head and "### 1 fix" in head and "REPRO bit-identity 0.33.0" in head
     assert "builtin · 0.33.0 · bit-identity · packed:B.H.N.C · FLASH_ATTN: pass → fail" in head
-    tree = ET.fromstring(page.html_page(data))
+    tree = ET.fromstring(report_html(data))
     h2 = [e.text for e in tree.iter("h2")]
     assert h2[0] == "Runs folded (1)" and h2[1].startswith("Since ") and h2[2].startswith("What broke")
 
@@ -357,7 +363,7 @@ def test_since_lists_exactly_a_planted_new_failure_and_a_planted_fix(tmp_path):
 def test_since_through_the_command_and_against_itself(tmp_path, capsys):
     _, new = two_runs(tmp_path)
     new_json = tmp_path / "new-report" / "report.json"
-    assert report.main([str(new), "--out", str(tmp_path / "again"), "--since", str(new_json)]) == 0
+    assert main([str(new), "--out", str(tmp_path / "again"), "--since", str(new_json)]) == 0
     md = (tmp_path / "again" / "report.md").read_text()
     assert f"Since {new_json}: no changes." in md and "## Since" not in md
 
@@ -369,8 +375,8 @@ def test_since_names_appeared_and_vanished_geometries_and_backends_and_gone_stal
     add(new, "0.33.0", "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
     add(new, "0.33.0", "packed:B.N.H.C", "bit-identical", backends=("FLASH_ATTN",))
     add(new, "0.33.0", "*", "stale", check="split-agrees", known="builtin#2")
-    assert report.main([str(merged(old)), "--out", str(tmp_path / "o")]) == 0
-    ch = report.fold(results.read(merged(new)), since=tmp_path / "o" / "report.json")["changes"]
+    assert main([str(merged(old)), "--out", str(tmp_path / "o")]) == 0
+    ch = report_data(results.read(merged(new)), since=tmp_path / "o" / "report.json")["changes"]
     assert ch["releases_vanished"] == ["0.32.0"] and not ch["releases_appeared"]
     assert [(p["release"], p["name"]) for p in ch["geometries_appeared"]] == [("0.33.0", "packed:B.N.H.C")]
     assert [(p["release"], p["name"]) for p in ch["backends_vanished"]] == [("0.33.0", "XFORMERS")]
@@ -390,7 +396,7 @@ def test_a_bad_since_file_is_an_error_naming_it(tmp_path, capsys, content, says)
     if content is not None:
         bad.parent.mkdir()
         bad.write_text(content)
-    assert report.main([str(new), "--out", str(tmp_path / "x"), "--since", str(bad)]) == 2
+    assert main([str(new), "--out", str(tmp_path / "x"), "--since", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"--since {bad}: " in err and says in err, err
     assert not (tmp_path / "x").exists()
@@ -400,7 +406,7 @@ def test_a_result_line_of_another_schema_is_an_error_naming_its_file(tmp_path, c
     line = tmp_path / "results" / "0.33.0" / "results.jsonl"
     line.parent.mkdir(parents=True)
     line.write_text(json.dumps({"release": "0.33.0", "outcome": "bit-identical"}) + "\n")
-    assert report.main([str(tmp_path / "results")]) == 2
+    assert main([str(tmp_path / "results")]) == 2
     err = capsys.readouterr().err
     assert f"{line}:1: a result line of another kvconform (schema 1" in err, err
 
@@ -418,7 +424,7 @@ def test_release_specific_failures_are_found_for_a_planted_single_release_failur
     assert [(s["where"], s["check"], dict(s["fixed"]), s["among"]) for s in releases] == [
         ("0.28.0", "bit-identity", {"geometry": "packed:B.H.N.C", "backend": "FLASH_ATTN", "cache dtype": "auto"},
          ["0.22.1", "0.25.1", "0.28.0", "0.33.0"])]
-    md = report.markdown(data)
+    md = report_md(data)
     section = md.split("## **Only one release fails**\n\n", 1)[1].split("\n\n", 1)[0]
     assert section == ("- builtin · bit-identity · packed:B.H.N.C · FLASH_ATTN · auto: fail on 0.28.0 only, of "
                        "all 4 releases (0.22.1–0.33.0)")
@@ -443,13 +449,13 @@ def test_a_live_runs_report_names_the_live_contracts_backends(tmp_path):
     add(root, "0.33.0", "*", "bit-identical", check="drift", source="live")
     data = fold(root)
     assert list(data["backends"]) == ["FLASHINFER", "FLASH_ATTN", "TRITON_ATTN"]
-    md = report.markdown(data)
+    md = report_md(data)
     assert "| 0.33.0 | live, run r1 at " in md
     backends = md.split("## Backends (as the folded result lines name them)\n\n", 1)[1].split("\n\n", 1)[0]
     assert backends.splitlines() == ["- FLASHINFER: 0.33.0 · packed:B.N.H.C@fp8_e4m3",
                                      "- FLASH_ATTN: 0.33.0 · packed:B.H.N.C",
                                      "- TRITON_ATTN: 0.33.0 · packed:B.H.N.C"]
-    tree = ET.fromstring(page.html_page(data))
+    tree = ET.fromstring(report_html(data))
     rows = {tr.get("data-dtype"): tr.get("data-backends") for tr in tree.iter("tr") if tr.get("data-backends")}
     assert rows == {"auto": "FLASH_ATTN TRITON_ATTN", "fp8_e4m3": "FLASHINFER"}
     backend_filter = next(s for s in tree.iter("select") if s.get("id") == "f-backend")
@@ -461,7 +467,7 @@ def test_the_page_is_one_offline_file_with_a_drill_down_per_cell_and_filters(tmp
     add(root, "0.9.2", "blocks-first:B.KV.N.H.D", "differs", diagnosis="2 of 8 differ", repro="REPRO second",
         backends=("FLASH_ATTN",))
     data = fold(root)
-    html = page.html_page(data)
+    html = report_html(data)
     tree = ET.fromstring(html)
     assert not re.search(r"""(src|href)=|@import|url\(""", html)  # nothing fetched: it works offline
     assert {s.get("id") for s in tree.iter("select")} == {
@@ -506,7 +512,7 @@ def test_the_report_command_imports_only_the_standard_library(tmp_path):
     add(root, "0.25.1", "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
     add(root, "0.33.0", "packed:B.H.N.C", "differs", backends=("FLASH_ATTN",), diagnosis="1 of 8 differ")
     merged(root)
-    repo = Path(report.__file__).resolve().parent.parent
+    repo = Path(report.__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", _BARE, str(root)], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": str(repo)})
     assert "imported beyond the standard library: []" in done.stderr, done.stderr
@@ -514,6 +520,25 @@ def test_the_report_command_imports_only_the_standard_library(tmp_path):
     assert (root / "report.md").read_text().startswith("# kvconform conformance report\n\n**RED: 1 new finding")
     assert (root / "report.html").is_file() and json.loads((root / "report.json").read_text())["releases"] == [
         "0.25.1", "0.33.0"]
+
+
+# harness.report's modules, each importing only the ones before it: no circle, nothing imported inside a function.
+_LAYERS = ("cells", "keys", "changes", "lone_failures", "fold", "sections", "markdown", "html", "__main__")
+
+
+def test_the_report_modules_import_one_way():
+    package = Path(report.__file__).parent
+    assert sorted(p.stem for p in package.glob("*.py")) == sorted((*_LAYERS, "__init__"))
+    assert not ast.parse((package / "__init__.py").read_text()).body[1:]  # a docstring only
+    for i, name in enumerate(_LAYERS):
+        tree = ast.parse((package / f"{name}.py").read_text())
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        assert all(n in top for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))), name
+        used = {f"{n.module}.{a.name}" if n.module == "harness.report" else n.module or ""
+                for n in top if isinstance(n, ast.ImportFrom) for a in n.names}
+        used |= {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
+        below = {f"harness.report.{m}" for m in _LAYERS[:i]}
+        assert {u for u in used if u.startswith("harness.report")} <= below, name
 
 
 def run_of(root, run, time, release, *items, source="replay"):
@@ -547,7 +572,7 @@ def test_a_partial_newer_run_beside_an_older_complete_one_is_named_in_the_verdic
         "GREEN: no new findings in 2 releases — from 3 runs: run A (live, 0.22.1, 2026-11-30, 3 lines), "
         "run Y (replay, 0.25.1, 2026-12-01, partial: 5 of 7 lines), run X (replay, 0.25.1, 2026-12-02, partial: "
         "2 of 7 lines)")
-    md = report.markdown(data)
+    md = report_md(data)
     assert md.startswith(f"# kvconform conformance report\n\n**{data['verdict']}**\n")
     runs = md.split("## Runs folded (3)\n\n", 1)[1].split("\n\n## ", 1)[0].split("\n\n")
     assert runs[0].splitlines() == [
@@ -556,13 +581,13 @@ def test_a_partial_newer_run_beside_an_older_complete_one_is_named_in_the_verdic
         "| Y | builtin | replay | 0.25.1 | 5 of 7 (partial) | contracts, transfer, bit-identity | "
         "2026-12-01T09:00:00+00:00 |",
         "| X | builtin | replay | 0.25.1 | 2 of 7 (partial) | split-agrees | 2026-12-02T10:00:00+00:00 |"]
-    assert runs[1] == report.RUNS_NOTE
+    assert runs[1] == sections.RUNS_NOTE
     rows = {r.split(" | ")[0]: r.split(" | ")[1] for r in md.split("### builtin\n\n", 1)[1].split("\n\n")[0]
             .splitlines()[2:]}
     assert rows == {"| 0.22.1": "live, run A at 2026-11-30T08:00:00+00:00",
                     "| 0.25.1": "replay, lines from 2 runs: run Y at 2026-12-01T09:00:00+00:00 (5 lines), run X at "
                                 "2026-12-02T10:00:00+00:00 (2 lines)"}
-    tree = ET.fromstring(page.html_page(data))
+    tree = ET.fromstring(report_html(data))
     table = tree.find(".//table[@id='runs']")
     assert [["".join(td.itertext()) for td in tr] for tr in table][3][:5] == [
         "X", "builtin", "replay", "0.25.1", "2 of 7 (partial)"]
@@ -580,7 +605,7 @@ def test_many_runs_are_counted_in_the_verdict_and_listed_under_runs(tmp_path):
 
 def test_run_folds_only_the_named_runs_and_names_the_others(tmp_path, capsys):
     root, _ = older_and_partial(tmp_path)
-    assert report.main([str(root), "--run", "X", "--run", "A", "--out", str(tmp_path / "out")]) == 0
+    assert main([str(root), "--run", "X", "--run", "A", "--out", str(tmp_path / "out")]) == 0
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert [r["run"] for r in data["runs"]] == ["A", "X"] and [r["run"] for r in data["left_out"]] == ["Y"]
     assert data["checks"]["builtin"]["0.25.1"] == {"split-agrees": {"bit-identical": 2}}
@@ -588,7 +613,7 @@ def test_run_folds_only_the_named_runs_and_names_the_others(tmp_path, capsys):
                                "3 lines), run X (replay, 0.25.1, 2026-12-02, 2 lines)")
     md = (tmp_path / "out" / "report.md").read_text()
     assert "\nNot folded (no `--run` names them): run Y (replay, 0.25.1, 2026-12-01, 5 lines)\n" in md
-    assert report.main([str(root), "--run", "Y", "--run", "nope", "--out", str(tmp_path / "bad")]) == 2
+    assert main([str(root), "--run", "Y", "--run", "nope", "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err
     assert err == f"python -m harness.report: --run nope: no such run under {root}; its runs: A, Y, X\n"
     assert not (tmp_path / "bad").exists()
@@ -600,9 +625,9 @@ def test_the_layout_api_changes_of_the_releases_covered_are_listed_and_none_mean
         add(root, release, "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
     data = fold(root)
     assert [(a["release"], a["before"]) for a in data["api_changes"]] == [("0.28.0", "0.27.1"), ("0.29.0", "0.28.0")]
-    md = report.markdown(data)
-    section = md.split(f"\n## {report.API_TITLE}\n\n", 1)[1].split("\n\n## ", 1)[0].split("\n\n")
-    assert section[0] == report.API_NOTE
+    md = report_md(data)
+    section = md.split(f"\n## {sections.API_TITLE}\n\n", 1)[1].split("\n\n## ", 1)[0].split("\n\n")
+    assert section[0] == sections.API_NOTE
     lines = section[1].splitlines()
     assert lines[0] == ("- **0.28.0** (against 0.27.1): new: customize_spec (all 6 backends) · value: "
                         "FLASHINFER.supported_kv_cache_dtypes gains nvfp4_4over6")
@@ -610,16 +635,16 @@ def test_the_layout_api_changes_of_the_releases_covered_are_listed_and_none_mean
                                "get_kv_cache_layout, vllm.v1.attention.backends.utils.set_kv_cache_layout; "
                                "get_kv_cache_shape, get_kv_cache_stride_order, get_required_kv_cache_layout "
                                "(all 6 backends) · new: module vllm.v1.kv_cache_layout, ")
-    assert md.index("## Where") < md.index(report.API_TITLE) < md.index("## Known findings")
-    tree = ET.fromstring(page.html_page(data))
+    assert md.index("## Where") < md.index(sections.API_TITLE) < md.index("## Known findings")
+    tree = ET.fromstring(report_html(data))
     items = ["".join(li.itertext()) for li in tree.find(".//ul[@id='api']")]
     assert items == [line.removeprefix("- ").replace("**", "") for line in lines]
     unchanged = tmp_path / "unchanged"
     for release in ("0.30.0", "0.31.0"):  # the same layout API as the release before each
         add(unchanged, release, "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
     data = fold(unchanged)
-    assert data["api_changes"] == [] and report.API_TITLE not in report.markdown(data)
-    assert report.API_TITLE not in page.html_page(data)
+    assert data["api_changes"] == [] and sections.API_TITLE not in report_md(data)
+    assert sections.API_TITLE not in report_html(data)
 
 
 def test_the_layout_api_section_reads_the_recordings_it_is_given(tmp_path):
@@ -633,13 +658,13 @@ def test_the_layout_api_section_reads_the_recordings_it_is_given(tmp_path):
         (recordings / f"{release}.json").write_text(json.dumps({"release": release, "contracts": [], "api": api}))
     root = tmp_path / "results"
     add(root, "0.2.0", "packed:B.H.N.C", "bit-identical")
-    data = report.fold(results.read(merged(root)), recordings=recordings)
+    data = report_data(results.read(merged(root)), recordings=recordings)
     assert data["api_changes"] == [{"release": "0.2.0", "before": "0.1.0",
                                     "said": {"signature": "B.get_kv_cache_shape gains cache_dtype_str: str"},
                                     "changes": [{"kind": "signature", "name": "get_kv_cache_shape",
                                                  "backends": ["B"], "detail": "gains cache_dtype_str: str"}]}]
     assert "\n- **0.2.0** (against 0.1.0): signature: B.get_kv_cache_shape gains cache_dtype_str: str\n" in (
-        report.markdown(data))
+        report_md(data))
     (recordings / "0.1.0.json").write_text("{broken")
     with pytest.raises(ValueError, match=r"recordings/0\.1\.0\.json: not a recording: invalid JSON"):
-        report.fold(results.read(root), recordings=recordings)
+        report_data(results.read(root), recordings=recordings)

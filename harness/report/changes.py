@@ -1,36 +1,24 @@
-"""What changed since a previous report: both reports' outcome classes per key (subject, release, backend, cache dtype,
-geometry, check), compared key by key.
+"""What changed since a previous report: both reports' outcome classes per key (harness.report.keys), compared key by
+key.
 
-A key's class is its worst line's (harness.cells): one failing example among passes fails the key. A line that names
-several backends (they hand a layer the same geometry) stands for each of them. New failures are keys that fail
-(fail or error) now and did not before (passed, were known, not run, or did not exist); fixes are keys that failed
-and pass now. Geometries and backends appeared or vanished per subject and release, within the releases both reports
-have (a subject or release only one has is listed as such). Known findings gone stale: stale now, not stale before.
+New failures are keys that fail (fail or error) now and did not before (passed, were known, not run, or did not
+exist); fixes are keys that failed and pass now. Geometries and backends appeared or vanished per subject and release,
+within the releases both reports have (a subject or release only one has is listed as such). Known findings gone
+stale: stale now, not stale before.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from harness import cells
 from harness.matrix import version_key
+from harness.report import cells, keys
+from harness.report.keys import Key
 
 REPORT_SCHEMA = 1  # of report.json; a report of another schema is refused by `load`
-
-
-@dataclass(frozen=True, order=True)
-class Key:
-    """What a run is compared on: one check of one geometry of one release, as one backend reads it."""
-
-    subject: str
-    release: str
-    backend: str  # "" for lines that name no backend (whole-release outcomes, the dense oracle)
-    cache_dtype: str
-    geometry: str
-    check: str
 
 
 @dataclass(frozen=True)
@@ -76,24 +64,6 @@ class Changes:
     gone_stale: tuple[Presence, ...]  # name: "<known id> (<check>)"
 
 
-def keys(rows: list[dict]) -> dict[Key, str]:
-    """Each key's outcome class, from a report's rows (report.fold's `rows`)."""
-    out: dict[Key, list[str]] = defaultdict(list)
-    for row in rows:
-        cls = cells.class_of(row["counts"])
-        if all(cells.outcome_class(w) == cells.STALE_CLASS for w in row["counts"]):
-            continue  # a stale finding's line: no check's outcome
-        for backend in row["backends"] or [""]:
-            out[Key(row["subject"], row["release"], backend, row["cache_dtype"], row["geometry"],
-                    row["check"])].append(cls)
-    return {k: cells.worst(v) for k, v in out.items()}
-
-
-def encode(classes: dict[Key, str]) -> list[list[str]]:
-    """The keys as report.json holds them: [subject, release, backend, cache dtype, geometry, check, class]."""
-    return [[*astuple(k), c] for k, c in sorted(classes.items())]
-
-
 def load(path: Path) -> dict:
     """A previous report.json, checked to be one this kvconform can compare against; a ValueError naming the file."""
     try:
@@ -133,8 +103,9 @@ def _stale(data: dict) -> set[tuple[str, str, str]]:
 
 
 def compare(old: dict, new: dict, since: Path) -> Changes:
-    """What changed from report `old` (a loaded report.json, read from `since`) to report `new` (report.fold's)."""
-    before, now = _decode(old, since), keys(new["rows"])
+    """What changed from report `old` (a loaded report.json, read from `since`) to report `new` (the report data
+    of harness.report.fold)."""
+    before, now = _decode(old, since), keys.classes(new["rows"])
     repros: dict[Key, str] = {}
     for row in new["rows"]:
         for b in row["backends"] or [""]:

@@ -11,10 +11,10 @@ read it with an XML parser.
 
 from __future__ import annotations
 
-import html
+from html import escape
 
-from harness import cells, report
-from harness.cells import MARKS, Mark
+from harness.report import cells, fold, sections
+from harness.report.cells import MARKS, Mark
 
 _TONES = "".join(  # f0..f10: the passed fraction in tenths, pale to full green
     f".f{i}{{background:hsl(122,{30 + 3 * i}%,{93 - 4 * i}%)}}" for i in range(11))
@@ -111,7 +111,7 @@ _SCRIPT = """
 
 
 def _h(text: str) -> str:
-    return html.escape(text)
+    return escape(text)
 
 
 def _html_mark(m: Mark, n: int) -> str:
@@ -126,20 +126,20 @@ def _cell(counts: dict[str, int], check: str, where: dict[str, str]) -> str:
         return '<td class="none">·</td>'
     attrs = "".join(f' data-{k}="{_h(v)}"' for k, v in where.items())
     kind = "cell c" if where else "cell"  # c: it opens rows
-    return (f'<td class="{kind} {c.tone}"{attrs} title="{_h(report.words(check, counts))}"><b>{_h(c.face)}</b>'
+    return (f'<td class="{kind} {c.tone}"{attrs} title="{_h(sections.words(check, counts))}"><b>{_h(c.face)}</b>'
             + "".join(" " + _html_mark(m, n) for m, n in c.beside) + "</td>")
 
 
-def _group(data: dict, g: report.Group) -> str:
+def _group(data: dict, g: sections.Group) -> str:
     m = cells.mark(g.outcome)
-    more = (f"<p>+{len(g.repros) - report.REPROS_SHOWN:,} more REPRO lines (report.json <code>new_findings</code>)"
-            "</p>" if len(g.repros) > report.REPROS_SHOWN else "")
+    more = (f"<p>+{len(g.repros) - sections.REPROS_SHOWN:,} more REPRO lines (report.json <code>new_findings</code>)"
+            "</p>" if len(g.repros) > sections.REPROS_SHOWN else "")
     return (f'<div class="finding"><p><span class="m {m.name}">{m.glyph} {_h(g.word)}</span> '
-            f'{_h(report.headline(data, g))}</p><p class="diag">{_h(g.diagnosis)}</p>'
-            + "".join(f"<pre>{_h(r)}</pre>" for r in g.repros[:report.REPROS_SHOWN]) + more + "</div>")
+            f'{_h(sections.headline(data, g))}</p><p class="diag">{_h(g.diagnosis)}</p>'
+            + "".join(f"<pre>{_h(r)}</pre>" for r in g.repros[:sections.REPROS_SHOWN]) + more + "</div>")
 
 
-def _section(s: report.Section, tag: str = "h3") -> str:
+def _section(s: sections.Section, tag: str = "h3") -> str:
     items = "".join(f"<li>{_h(i.text)}" + (f"<pre>{_h(i.repro)}</pre>" if i.repro else "") + "</li>"
                     for i in s.items)
     more = f"<li>+{s.more:,} more (report.json)</li>" if s.more else ""
@@ -158,7 +158,7 @@ def _filters(data: dict) -> str:
     return ('<div class="filters">'
             + _select("subject", "subject", sorted({r["subject"] for r in rows}))
             + _select("release", "release", data["releases"])
-            + _select("check", "check", sorted({r["check"] for r in rows}, key=report.check_key))
+            + _select("check", "check", sorted({r["check"] for r in rows}, key=fold.check_key))
             + _select("backend", "backend", list(data["backends"]))
             + _select("dtype", "cache dtype", sorted({r["cache_dtype"] for r in rows if r["cache_dtype"]},
                                                     key=lambda d: (d != "auto", d)))
@@ -169,15 +169,15 @@ def _filters(data: dict) -> str:
 def _runs(data: dict) -> str:
     """The runs folded, as the markdown's Runs section."""
     out = [f"<h2>Runs folded ({len(data['runs'])})</h2><table id=\"runs\"><tr>"
-           + "".join(f"<th>{_h(h)}</th>" for h in report.RUNS_HEAD) + "</tr>"]
+           + "".join(f"<th>{_h(h)}</th>" for h in sections.RUNS_HEAD) + "</tr>"]
     out += ["<tr>" + "".join(f'<td class="words">{_h(c)}</td>' for c in row) + "</tr>"
-            for row in report.runs_table(data)]
+            for row in sections.runs_table(data)]
     out.append("</table>")
     if any(r["partial"] for r in data["runs"]):
-        out.append(f'<p class="legend">{_h(report.RUNS_NOTE)}</p>')
+        out.append(f'<p class="legend">{_h(sections.RUNS_NOTE)}</p>')
     if data["left_out"]:
         out.append("<p>Not folded (no <code>--run</code> names them): "
-                   + _h(", ".join(report.run_text(data, r) for r in data["left_out"])) + "</p>")
+                   + _h(", ".join(fold.run_text(data, r) for r in data["left_out"])) + "</p>")
     return "".join(out)
 
 
@@ -193,45 +193,45 @@ def _rows(data: dict) -> str:
             f' data-backends="{_h(" ".join(r["backends"]))}" data-dtype="{_h(r["cache_dtype"])}"'
             f' data-outcomes="{_h("|".join(r["counts"]))}">'
             f"<td>{_h(r['subject'])}</td><td>{_h(r['release'])}</td><td>{_h(r['check'])}</td>"
-            f"<td>{_h(report.label(r['geometry']))}</td><td>{_h(', '.join(r['backends']))}</td>"
+            f"<td>{_h(sections.label(r['geometry']))}</td><td>{_h(', '.join(r['backends']))}</td>"
             f"<td>{_h(r['cache_dtype'])}</td>"
-            f'<td class="w {c.tone}">{_h(report.words(r["check"], r["counts"]))}</td>'
+            f'<td class="w {c.tone}">{_h(sections.words(r["check"], r["counts"]))}</td>'
             f"<td>{''.join(f'<pre>{_h(x)}</pre>' for x in r['repros'])}</td></tr>")
     out.append("</table></div>")
     return "\n".join(out)
 
 
-def html_page(data: dict) -> str:
+def report_html(data: dict) -> str:
     """The report as one self-contained HTML page: the markdown report's content with a drill-down per cell and
     filters."""
-    releases, kinds = data["releases"], report.groups(data)
+    releases, kinds = data["releases"], sections.groups(data)
     red = bool(data["new_findings"])
     out = [f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"/><title>kvconform: {_h(data["verdict"])}'
            f"</title><style>{_CSS}</style></head><body>", "<h1>kvconform conformance report</h1>",
            f'<p class="verdict {"red" if red else "green"}">{_h(data["verdict"])}</p>']
     for subject in sorted(data["checks"]):
-        c = cells.cell(report.totals(data, subject))
+        c = cells.cell(sections.totals(data, subject))
         out.append(f'<p class="totals">{_h(subject)}: <b>{c.passed:,}/{c.total:,} passed</b> — '
                    + " ".join(f"{_html_mark(m, n)} {m.name}" for m, n in c.others) + "</p>")
     out.append(_runs(data))
-    if sections := report.change_sections(data):
+    if changed := sections.change_sections(data):
         ch = data["changes"]
         out.append(f'<div class="changes"><h2>Since {_h(ch["since"])} ({_h(ch["since_verdict"])})</h2>'
-                   + "".join(_section(s) for s in sections) + "</div>")
+                   + "".join(_section(s) for s in changed) + "</div>")
     elif "changes" in data:
         out.append(f"<p>Since {_h(data['changes']['since'])}: no changes.</p>")
     if kinds:
         out.append("<h2>What broke (new findings, worst first)</h2>")
-        out += [_group(data, g) for g in kinds[:report.FIRST_GROUPS]]
-        if len(kinds) > report.FIRST_GROUPS:
-            out.append(f"<p>+{len(kinds) - report.FIRST_GROUPS} more kinds of new finding: under Details</p>")
-    out += [_section(s, "h2") for s in report.specific_sections(data)]
-    out.append(f'<h2>Where: release × check</h2><p class="legend">{_h(report.LEGEND)} Click a cell for its rows. '
+        out += [_group(data, g) for g in kinds[:sections.FIRST_GROUPS]]
+        if len(kinds) > sections.FIRST_GROUPS:
+            out.append(f"<p>+{len(kinds) - sections.FIRST_GROUPS} more kinds of new finding: under Details</p>")
+    out += [_section(s, "h2") for s in sections.lone_failure_sections(data)]
+    out.append(f'<h2>Where: release × check</h2><p class="legend">{_h(sections.LEGEND)} Click a cell for its rows. '
                + " ".join(f'<span class="m {m.name}">{m.glyph}</span>&#160;{m.name} ({_h(m.meaning)})'
                           for m in MARKS) + "</p>")
     out.append(_filters(data))
     for n, subject in enumerate(sorted(data["checks"])):
-        columns = report.columns(data, subject)
+        columns = sections.columns(data, subject)
         out.append(f'<section class="subject" data-subject="{_h(subject)}"><h3>{_h(subject)}</h3>'
                    f'<table id="m{n}"><tr><th>release</th><th>contracts from</th>'
                    + "".join(f"<th>{_h(c)}</th>" for c in columns) + "</tr>")
@@ -240,9 +240,9 @@ def html_page(data: dict) -> str:
             tds = [_cell(cs.get(check, {}), check, {"subject": subject, "release": release, "check": check})
                    for check in columns]
             out.append(f'<tr><td class="rel">{_h(release)}</td><td class="src">'
-                       f"{_h(report.source(data, subject, release))}</td>" + "".join(tds) + "</tr>")
+                       f"{_h(sections.source(data, subject, release))}</td>" + "".join(tds) + "</tr>")
         out.append("</table>")
-        if columns := report.dtype_columns(data, subject):
+        if columns := sections.dtype_columns(data, subject):
             out.append(f'<h3>{_h(subject)}: release × cache dtype</h3><table id="d{n}"><tr><th>release</th>'
                        + "".join(f"<th>{_h(d)}</th>" for d in columns) + "</tr>")
             for release in releases:
@@ -254,32 +254,32 @@ def html_page(data: dict) -> str:
         out.append("</section>")
     out.append(_rows(data))
     if data["api_changes"]:
-        out.append(f'<h2>{_h(report.API_TITLE)}</h2><p class="legend">{_h(report.API_NOTE)}</p><ul id="api">'
+        out.append(f'<h2>{_h(sections.API_TITLE)}</h2><p class="legend">{_h(sections.API_NOTE)}</p><ul id="api">'
                    + "".join(f"<li><b>{_h(a['release'])}</b> (against {_h(a['before'])}): "
                              + " · ".join(f"{_h(k)}: {_h(t)}" for k, t in a["said"].items()) + "</li>"
                              for a in data["api_changes"]) + "</ul>")
     out.append("<h2>Known findings (green, reported)</h2><ul>" + ("".join(
-        f"<li>{_h(i)}: {_h(c)} {_h(o)} on {_h(rs)}, x{n:,}</li>" for i, c, o, rs, n in report.known(data))
+        f"<li>{_h(i)}: {_h(c)} {_h(o)} on {_h(rs)}, x{n:,}</li>" for i, c, o, rs, n in sections.known(data))
         or "<li>none</li>") + "</ul>")
     out.append("<h2>Stale known findings (applied, did not happen: remove or narrow them)</h2><ul>" + ("".join(
-        f"<li>{_h(i)}: {_h(c)} on {_h(rs)}</li>" for i, c, rs in report.stale(data)) or "<li>none</li>") + "</ul>")
+        f"<li>{_h(i)}: {_h(c)} on {_h(rs)}</li>" for i, c, rs in sections.stale(data)) or "<li>none</li>") + "</ul>")
     out.append("<h2>Unsupported (the subject's reasons)</h2><ul>" + ("".join(
         f"<li>{_h(u['subject'])}: {_h(u['reason'])} x{u['count']:,}</li>" for u in data["unsupported"])
         or "<li>none</li>") + "</ul>")
     out.append("<h2>Backends (as the folded result lines name them)</h2><ul>" + (
-        "".join(f"<li>{_h(b)}</li>" for b in report.backend_lines(data)) or "<li>none recorded</li>") + "</ul>")
+        "".join(f"<li>{_h(b)}</li>" for b in sections.backend_lines(data)) or "<li>none recorded</li>") + "</ul>")
     out.append("<h2>Details</h2>")
-    if len(kinds) > report.FIRST_GROUPS:
+    if len(kinds) > sections.FIRST_GROUPS:
         out.append("<h3>More new findings</h3>")
-        out += [_group(data, g) for g in kinds[report.FIRST_GROUPS:]]
+        out += [_group(data, g) for g in kinds[sections.FIRST_GROUPS:]]
     for subject in sorted(data["checks"]):
-        columns = report.columns(data, subject)
+        columns = sections.columns(data, subject)
         out.append(f"<h3>{_h(subject)}: every outcome word per release and check</h3><table><tr><th>release</th>"
                    + "".join(f"<th>{_h(c)}</th>" for c in columns) + "</tr>")
         for release in releases:
             cs = data["checks"][subject].get(release, {})
             out.append(f'<tr><td class="rel">{_h(release)}</td>' + "".join(
-                f'<td class="words">{_h(report.words(c, cs[c]))}</td>' if c in cs else '<td class="none">·</td>'
+                f'<td class="words">{_h(sections.words(c, cs[c]))}</td>' if c in cs else '<td class="none">·</td>'
                 for c in columns) + "</tr>")
         out.append("</table>")
         out.append(_geometries(data, subject))
@@ -295,10 +295,10 @@ def _geometries(data: dict, subject: str) -> str:
     geometries = [g for g in data["geometries"] if any(g in gs for gs in by_release.values())]
     families: dict[str, int] = {}
     for g in geometries:
-        families[report.family(data, g)] = families.get(report.family(data, g), 0) + 1
+        families[sections.family(data, g)] = families.get(sections.family(data, g), 0) + 1
     out = [f'<h3>{_h(subject)}: release × geometry</h3><table class="geo"><tr><th rowspan="2">release</th>'
            + "".join(f'<th colspan="{n}">{_h(f)}</th>' if f not in geometries
-                     else f'<th rowspan="2">{_h(report.label(f))}</th>' for f, n in families.items()) + "</tr><tr>"
+                     else f'<th rowspan="2">{_h(sections.label(f))}</th>' for f, n in families.items()) + "</tr><tr>"
            # <wbr/>: an order's name may break at its dots, so that 19 columns fit a screen
            + "".join(f"<th>{_h(data['orders'][g]).replace('.', '.<wbr/>')}</th>" for g in geometries
                      if g in data["families"]) + "</tr>"]

@@ -1,7 +1,7 @@
 """Failures only one release (or one backend, or one cache dtype) has: the query a reader runs first on a matrix of
 implementations.
 
-Over a report's keys (harness.changes.Key, each with its outcome class): a release-specific failure is a (subject,
+Over a report's keys (harness.report.keys, each with its outcome class): a release-specific failure is a (subject,
 check, geometry, backend, cache dtype) that ran on two or more releases and fails (fail, error or a known finding)
 on exactly one of them. Backend-specific: a (subject, check, release, cache dtype) whose backends ran it and exactly
 one of them fails (on any of its geometries). Cache-dtype-specific: a (subject, check, release, backend, geometry
@@ -15,15 +15,15 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness import cells
-from harness.changes import Key
+from harness.report import cells
+from harness.report.keys import Key
 
 RELEASE, BACKEND, CACHE_DTYPE = DIMENSIONS = ("release", "backend", "cache dtype")
 _FAILS = (*cells.FAILING, cells.KNOWN_CLASS)
 
 
 @dataclass(frozen=True)
-class Specific:
+class LoneFailure:
     """One failure only one member of a dimension has: where it fails, what else had it, and what is held fixed."""
 
     dimension: str  # release, backend or cache dtype
@@ -50,7 +50,7 @@ _AXES: dict[str, tuple[Callable[[Key], str], Callable[[Key], tuple[tuple[str, st
 }
 
 
-def find(classes: dict[Key, str], order: dict[str, list[str]]) -> list[Specific]:
+def lone_failures(classes: dict[Key, str], order: dict[str, list[str]]) -> list[LoneFailure]:
     """Every failure only one member of a dimension has, by dimension, then subject, check and where; `order` gives
     each dimension's members in reading order (releases by version)."""
     out = []
@@ -65,7 +65,7 @@ def find(classes: dict[Key, str], order: dict[str, list[str]]) -> list[Specific]
             if len(worst) >= 2 and len(failing) == 1:
                 rank = order.get(dimension, [])
                 among = tuple(sorted(worst, key=lambda m: (_index(rank, m), m)))
-                out.append(Specific(dimension, failing[0], worst[failing[0]], among, subject, check, held))
+                out.append(LoneFailure(dimension, failing[0], worst[failing[0]], among, subject, check, held))
     return sorted(_backends_merged(out), key=lambda s: (
         DIMENSIONS.index(s.dimension), s.subject, _index(order.get("check", []), s.check), s.check,
         _index(order.get(s.dimension, []), s.where), s.where, s.fixed))
@@ -75,14 +75,14 @@ def _index(members: list[str], m: str) -> int:
     return members.index(m) if m in members else len(members)
 
 
-def _backends_merged(found: list[Specific]) -> list[Specific]:
+def _backends_merged(found: list[LoneFailure]) -> list[LoneFailure]:
     """One entry for the backends that share a geometry and so fail alike (their backends joined)."""
-    by: dict[Specific, list[str]] = defaultdict(list)
+    by: dict[LoneFailure, list[str]] = defaultdict(list)
     for s in found:
         held = dict(s.fixed)
         blank = tuple((f, "" if f == "backend" else v) for f, v in s.fixed)  # the entry, up to its backend
-        by[Specific(s.dimension, s.where, s.outcome_class, s.among, s.subject, s.check, blank)].append(
+        by[LoneFailure(s.dimension, s.where, s.outcome_class, s.among, s.subject, s.check, blank)].append(
             held.get("backend", ""))
-    return [Specific(b.dimension, b.where, b.outcome_class, b.among, b.subject, b.check,
+    return [LoneFailure(b.dimension, b.where, b.outcome_class, b.among, b.subject, b.check,
                      tuple((f, ", ".join(sorted(bs)) if f == "backend" else v) for f, v in b.fixed))
             for b, bs in by.items()]

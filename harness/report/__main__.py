@@ -1,0 +1,67 @@
+"""Fold every session's results into a report read like a conformance dashboard: what broke, what changed since the
+last report, and where.
+
+`python -m harness.report results [--out DIR] [--since OLD/report.json] [--run ID ...]` reads
+results/<release>/results.jsonl (only the lines of the runs named, with --run) and writes, into the results folder
+unless --out: report.md (the CI summary, harness.report.markdown), report.html (the same report as one self-contained
+page with a drill-down per cell and filters, harness.report.html) and report.json (every count, and the keys a later
+report compares against, harness.report.fold). First a verdict (naming the runs it was folded from, when there are
+several) and the runs folded, each with its lines per release (partial: other runs' lines are among them), then what
+changed since OLD (harness.report.changes) when anything did, the new findings grouped by kind with their REPRO
+lines, the failures only one release, backend or cache dtype has (harness.report.lone_failures), then per subject a
+release x check and a release x cache dtype matrix whose cells read passed/total (harness.report.cells); every outcome
+word with its count comes after, under Details. Outcome words are never folded together, and an outcome a known
+finding predicted is marked `[known]` (see docs/report.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from harness.report.fold import report_data, runs
+from harness.report.html import report_html
+from harness.report.markdown import report_md
+from harness.results import read
+from harness.words import count
+
+
+def main(argv: list[str]) -> int:
+    """Write report.md, report.html and report.json; the exit status (1: no results, 2: a line, report, recording
+    or --run it cannot read)."""
+    parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--since", type=Path, default=None, metavar="OLD/report.json",
+                        help="a previous report.json: what changed since it comes first")
+    parser.add_argument("--run", action="append", default=[], metavar="ID",
+                        help="fold only this run's lines (repeatable); the Runs section names the others")
+    args = parser.parse_args(argv)
+    try:
+        rows = read(args.results)
+        if not rows:
+            print(f"no results under {args.results} (expected <release>/results.jsonl)", file=sys.stderr)
+            return 1
+        known = [r["run"] for r in runs(rows)]
+        if unknown := [x for x in args.run if x not in known]:
+            raise ValueError(f"--run {', '.join(unknown)}: no such run under {args.results}; its runs: "
+                             + ", ".join(known))
+        chosen = set(args.run or known)
+        data = report_data([r for r in rows if r.run in chosen], args.since, [r for r in rows if r.run not in chosen])
+    except ValueError as e:  # a line, report or recording this kvconform cannot read (it names the file), or a --run
+        print(f"python -m harness.report: {e}", file=sys.stderr)
+        return 2
+    out = args.out or args.results
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out / "report.md").write_text(report_md(data))
+    (out / "report.html").write_text(report_html(data))
+    print(f"{out / 'report.md'}, report.html: {data['verdict']}; {sum(r['lines'] for r in data['runs'])} results, "
+          f"{count(len(data['releases']), 'release')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,212 @@
+"""The report as data: every result line folded into what report.json holds (the runs folded, per subject the
+release x geometry, release x check and release x cache dtype word counts, the drill-down rows, each key's outcome
+class, the lists to act on, the verdict) and, given a previous report.json, what changed since it.
+
+Outcome words are never folded together: a known finding's keeps ` [known]` after it (harness.report.cells).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict
+from pathlib import Path
+
+from harness import api_history, checks
+from harness.matrix import version_key
+from harness.report import cells, changes, keys
+from harness.report.lone_failures import BACKEND, CACHE_DTYPE, RELEASE, lone_failures
+from harness.results import STALE, Result
+from harness.words import count
+
+# Checks in their declared order (harness.checks): could a release be installed and read, the layout, the kernels.
+CHECK_ORDER = tuple(c.name for c in checks.CHECKS)
+ROW_REPROS = 3  # REPRO lines a drill-down row keeps (distinct, of its new and known findings)
+RUNS_NAMED = 4  # runs the verdict names; more are counted there and listed under Runs
+
+
+def verdict(data: dict) -> str:
+    """RED with how many new findings in how many releases, or GREEN: known and stale findings never make it red.
+    Folded from more than one run, it names them (up to RUNS_NAMED; more are counted, and listed under Runs)."""
+    new = data["new_findings"]
+    where = {r["release"] for r in new}
+    if not new:
+        said = f"GREEN: no new findings in {count(len(data['releases']), 'release')}"
+    else:
+        said = f"RED: {count(len(new), 'new finding')} in {count(len(where), 'release')}"
+    folded = data["runs"]
+    if len(folded) <= 1:
+        return said
+    if len(folded) <= RUNS_NAMED:
+        return f"{said} — from {len(folded)} runs: " + ", ".join(run_text(data, r) for r in folded)
+    partial = sum(r["partial"] for r in folded)
+    return f"{said} — from {len(folded)} runs ({partial} partial): see Runs"
+
+
+def run_text(data: dict, r: dict) -> str:
+    """A run in a few words: `run ID (replay, 0.25.1, 2026-12-01, partial: 131 of 1,548 lines)`."""
+    lines = f"partial: {r['lines']:,} of {r['of']:,} lines" if r.get("partial") else count(r["lines"], "line")
+    releases = span(r["releases"], sorted({*data["releases"], *r["releases"]}, key=version_key))
+    return f"run {r['run']} ({'/'.join(r['sources'])}, {releases}, {r['last'][:10] or 'time unknown'}, {lines})"
+
+
+def report_data(rows: list[Result], since: Path | None = None, left_out: Iterable[Result] = (),
+                recordings: Path = api_history.ROOT) -> dict:
+    """The report as data: the runs folded, per subject a release x geometry, a release x check and a release x cache
+    dtype matrix of word counts, the drill-down rows (subject, release, check, geometry, backends, cache dtype), each
+    key's outcome class, the lists to act on, and, given the previous report.json `since`, what changed since it (a
+    ValueError naming the file when it cannot be read or is not one). `left_out`: the lines of runs not folded (not
+    named by --run), listed as such. `recordings`: where the layout API changes of the releases are read from
+    (harness.api_history; a ValueError naming a recording that is not JSON)."""
+    def table() -> dict[str, dict[str, dict[str, Counter]]]:  # subject -> release -> column -> word counts
+        return defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
+
+    matrix, by_check, dtypes = table(), table(), table()
+    origins: dict[tuple[str, str], list[Result]] = defaultdict(list)  # (subject, release) -> its lines
+    family: dict[str, str] = {}  # geometry -> its family as a column head (with its cache dtype), read off the lines
+    backends: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # backend -> releases, geometries
+    drill: dict[tuple, Counter] = defaultdict(Counter)
+    repros: dict[tuple, dict[str, None]] = defaultdict(dict)
+    for r in rows:
+        w = cells.word(r.outcome.value, r.known)
+        matrix[r.subject][r.release][r.geometry][w] += 1
+        by_check[r.subject][r.release][r.check][w] += 1
+        key = (r.subject, r.release, r.check, r.geometry, r.backends, r.cache_dtype)
+        drill[key][w] += 1
+        # A row keeps its findings' REPRO lines: an unsupported case's would bury them.
+        if r.repro and len(repros[key]) < ROW_REPROS and cells.outcome_class(w) in (*cells.FAILING, cells.KNOWN_CLASS):
+            repros[key][r.repro] = None
+        if r.family:
+            dtypes[r.subject][r.release][r.cache_dtype][w] += 1
+            family[r.geometry] = r.family + ("" if r.cache_dtype == "auto" else f"@{r.cache_dtype}")
+        for b in r.backends:
+            backends[b]["releases"].add(r.release)
+            backends[b]["geometries"].add(r.geometry)
+        origins[(r.subject, r.release)].append(r)
+    new = [r for r in rows if cells.outcome_class(cells.word(r.outcome.value, r.known)) in cells.FAILING]
+    known = Counter((r.known, r.release, r.geometry, r.check, r.outcome)
+                    for r in rows if r.known and r.outcome != STALE)
+    unsupported = Counter((r.subject, r.diagnosis) for r in rows if r.outcome == "unsupported")
+    releases = sorted({r.release for r in rows}, key=version_key)
+    first: dict[str, int] = {}  # a family's or geometry's first release: read in the order vLLM introduced them
+    for r in rows:
+        for key in {family.get(r.geometry, r.geometry), r.geometry}:
+            first[key] = min(first.get(key, len(releases)), releases.index(r.release))
+    geometries = sorted({r.geometry for r in rows},
+                        key=lambda g: (g not in family, first[family.get(g, g)], first[g], g))
+
+    def ordered(t: dict[str, dict[str, dict[str, Counter]]]) -> dict:
+        return {s: {rel: {k: _by_rank(c) for k, c in ks.items()} for rel, ks in by_rel.items()}
+                for s, by_rel in t.items()}
+
+    data = {
+        "schema": changes.REPORT_SCHEMA,
+        "releases": releases,
+        "runs": runs(rows, {k: len(v) for k, v in origins.items()}),
+        "left_out": runs(list(left_out)),
+        "origins": {s: {rel: _origin(origins[(s, rel)]) for rel in releases if (s, rel) in origins}
+                    for s in sorted({s for s, _ in origins})},
+        "geometries": geometries,
+        "families": family,
+        "orders": {r.geometry: r.order for r in rows if r.order},
+        "matrix": ordered(matrix),
+        "checks": ordered(by_check),
+        "cache_dtypes": ordered(dtypes),
+        "backends": {b: {"releases": [r for r in releases if r in by["releases"]],
+                         "geometries": [g for g in geometries if g in by["geometries"]]}
+                     for b, by in sorted(backends.items())},
+        "rows": [{"subject": s, "release": rel, "check": c, "geometry": g, "backends": list(bs), "cache_dtype": d,
+                  "counts": _by_rank(n), "repros": list(repros[(s, rel, c, g, bs, d)])}
+                 for (s, rel, c, g, bs, d), n in sorted(drill.items(), key=lambda kv: (
+                     kv[0][0], releases.index(kv[0][1]), check_key(kv[0][2]), geometries.index(kv[0][3]),
+                     kv[0][4], kv[0][5]))],
+        "new_findings": [_plain(r) for r in new],
+        "known_findings": [dict(zip(("id", "release", "geometry", "check", "outcome"), k), count=n)
+                           for k, n in sorted(known.items())],
+        "stale_findings": [_plain(r) for r in rows if r.outcome == STALE],
+        "unsupported": [{"subject": s, "reason": d, "count": n} for (s, d), n in unsupported.most_common()],
+    }
+    classes = keys.classes(data["rows"])
+    data["keys"] = keys.encoded(classes)
+    dtype_order = sorted({r.cache_dtype for r in rows if r.cache_dtype}, key=lambda d: (d != "auto", d))
+    data["specific"] = _as_json([asdict(x) for x in lone_failures(classes, {
+        RELEASE: releases, "check": list(CHECK_ORDER), BACKEND: sorted(backends), CACHE_DTYPE: dtype_order})])
+    data["api_changes"] = [{"release": s.release, "before": s.before,
+                            "said": {k: t for k in api_history.KINDS if (t := api_history.said(s, k))},
+                            "changes": _as_json([asdict(c) for c in s.changes])}
+                           for s in api_history.history(recordings, releases) if s.changes]
+    data["verdict"] = verdict(data)
+    if since is not None:
+        data["changes"] = _as_json(asdict(changes.compare(changes.load(since), data, since)))
+    return data
+
+
+def runs(rows: list[Result], totals: dict[tuple[str, str], int] | None = None) -> list[dict]:
+    """Each run among `rows`, oldest first: its id, subjects, sources, when its first and last lines were written,
+    its lines per release, its checks; with `totals` ((subject, release) -> lines folded), `of` (the lines of its
+    subjects in its releases) and `partial` (other runs' lines are among them)."""
+    by: dict[str, list[Result]] = defaultdict(list)
+    for r in rows:
+        by[r.run].append(r)
+    out = []
+    for run, rs in by.items():
+        times = sorted(r.time for r in rs if r.time)
+        releases = Counter(r.release for r in rs)
+        entry = {"run": run, "subjects": sorted({r.subject for r in rs}),
+                 "sources": sorted({r.source for r in rs}), "first": times[0] if times else "",
+                 "last": times[-1] if times else "", "lines": len(rs),
+                 "releases": {rel: releases[rel] for rel in sorted(releases, key=version_key)},
+                 "checks": sorted({r.check for r in rs}, key=check_key)}
+        if totals is not None:
+            entry["of"] = sum(totals[(s, rel)] for s in entry["subjects"] for rel in releases)
+            entry["partial"] = entry["of"] > len(rs)
+        out.append(entry)
+    return sorted(out, key=lambda e: (e["first"], e["run"]))
+
+
+def _origin(rows: list[Result]) -> dict:
+    """Where a subject's lines of one release come from: their sources, and each run with its lines and when the
+    last of them was written."""
+    lines = Counter(r.run for r in rows)
+    last: dict[str, str] = {}
+    for r in rows:
+        last[r.run] = max(last.get(r.run, ""), r.time)
+    return {"sources": sorted({r.source for r in rows}),
+            "runs": [{"run": run, "time": last[run] or "unknown", "lines": n}
+                     for run, n in sorted(lines.items(), key=lambda kv: (last[kv[0]], kv[0]))]}
+
+
+def _as_json(value):
+    """`value` as report.json holds it (tuples as lists), so that what is rendered from report_data's and from a
+    report.json read back is the same."""
+    return json.loads(json.dumps(value))
+
+
+def _by_rank(counts: Counter) -> dict[str, int]:
+    """Word counts, the worst word first."""
+    return dict(sorted(counts.items(), key=lambda kv: cells.rank(kv[0])))
+
+
+def _plain(r: Result) -> dict:
+    return {**asdict(r), "outcome": r.outcome.value}
+
+
+def span(subset: Iterable[str], releases: list[str]) -> str:
+    """Releases as runs of the report's release order: `0.9.2–0.11.2, 0.33.0` (all of them: `all N releases`)."""
+    chosen = set(subset)
+    if chosen == set(releases) and len(releases) > 1:
+        return f"all {len(releases)} releases ({releases[0]}–{releases[-1]})"
+    runs: list[list[str]] = []
+    for i, r in enumerate(releases):
+        if r in chosen:
+            if runs and releases.index(runs[-1][-1]) == i - 1:
+                runs[-1].append(r)
+            else:
+                runs.append([r])
+    return ", ".join(", ".join(run) if len(run) <= 2 else f"{run[0]}–{run[-1]}" for run in runs)
+
+
+def check_key(check: str) -> tuple[int, str]:
+    """A check's place in the report: its declared order (harness.checks), any other check after them."""
+    return (CHECK_ORDER.index(check) if check in CHECK_ORDER else len(CHECK_ORDER), check)

@@ -1,0 +1,134 @@
+"""The report as markdown (report.md, the CI summary): no colour, so red cells and marks are bold."""
+
+from __future__ import annotations
+
+from harness.report import cells, fold, sections
+from harness.report.cells import MARKS, Mark
+
+
+def _md_mark(m: Mark, n: int | None = None) -> str:
+    text = m.glyph + ("" if n is None else f"{n:,}")
+    return f"**{text}**" if m.red else text  # no colour in markdown: red marks are bold
+
+
+def md_cell(counts: dict[str, int]) -> str:
+    """A cell as markdown: its face (bold when red) and the marks counted beside it."""
+    c = cells.cell(counts)
+    if c is None:
+        return "·"
+    face = f"**{c.face}**" if c.red else c.face
+    return " ".join([face, *(_md_mark(m, n) for m, n in c.beside)])
+
+
+def _md_group(data: dict, g: sections.Group) -> list[str]:
+    lines = [f"- **{cells.mark(g.outcome).glyph} {g.word}** · {sections.headline(data, g)}  ",
+             f"  {g.diagnosis}"]
+    if g.repros:
+        lines += ["", "  ```", *(f"  {r}" for r in g.repros[:sections.REPROS_SHOWN]), "  ```"]
+    if len(g.repros) > sections.REPROS_SHOWN:
+        lines.append(f"  +{len(g.repros) - sections.REPROS_SHOWN:,} more REPRO lines (report.json `new_findings`)")
+    return lines
+
+
+def _md_section(s: sections.Section, level: str = "###") -> list[str]:
+    lines = ["", f"{level} {'**' + s.title + '**' if s.red else s.title}", ""]
+    for item in s.items:
+        lines.append(f"- {item.text}")
+        if item.repro:
+            lines += ["", "  ```", f"  {item.repro}", "  ```"]
+    if s.more:
+        lines.append(f"- +{s.more:,} more (report.json)")
+    return lines
+
+
+def _md_dtypes(data: dict, subject: str) -> list[str]:
+    columns = sections.dtype_columns(data, subject)
+    if not columns:
+        return []
+    out = ["", f"#### {subject}: release × cache dtype", "", "| release | " + " | ".join(columns) + " |",
+           "|---|" + "---|" * len(columns)]
+    for release in data["releases"]:
+        ds = data["cache_dtypes"][subject].get(release, {})
+        out.append(f"| {release} | " + " | ".join(md_cell(ds.get(d, {})) for d in columns) + " |")
+    return out
+
+
+def _summary(data: dict, subject: str) -> tuple[str, list[tuple[Mark, int]]]:
+    """A subject's totals: `passed/total passed` and every other mark with its count."""
+    c = cells.cell(sections.totals(data, subject))
+    return f"{c.passed:,}/{c.total:,} passed", list(c.others)
+
+
+def report_md(data: dict) -> str:
+    """report.md: the verdict, the runs, what changed, what broke, where, and every word under Details."""
+    releases, kinds = data["releases"], sections.groups(data)
+    lines = ["# kvconform conformance report", "", f"**{data['verdict']}**", ""]
+    for subject in sorted(data["checks"]):
+        passed, others = _summary(data, subject)
+        lines.append(f"- {subject}: {passed} — " + " · ".join(f"{_md_mark(m, n)} {m.name}" for m, n in others))
+    lines += ["", f"## Runs folded ({len(data['runs'])})", "", "| " + " | ".join(sections.RUNS_HEAD) + " |",
+              "|---" * len(sections.RUNS_HEAD) + "|",
+              *("| " + " | ".join(row) + " |" for row in sections.runs_table(data))]
+    lines += ["", sections.RUNS_NOTE] if any(r["partial"] for r in data["runs"]) else []
+    if data["left_out"]:
+        lines += ["", "Not folded (no `--run` names them): "
+                  + ", ".join(fold.run_text(data, r) for r in data["left_out"])]
+    if changed := sections.change_sections(data):
+        lines += ["", f"## Since {data['changes']['since']} ({data['changes']['since_verdict']})"]
+        for s in changed:
+            lines += _md_section(s)
+    elif "changes" in data:
+        lines += ["", f"Since {data['changes']['since']}: no changes."]
+    if kinds:
+        lines += ["", "## What broke (new findings, worst first)", ""]
+        for g in kinds[:sections.FIRST_GROUPS]:
+            lines += _md_group(data, g)
+        if len(kinds) > sections.FIRST_GROUPS:
+            lines.append(f"- +{len(kinds) - sections.FIRST_GROUPS} more kinds of new finding: under Details")
+    for s in sections.lone_failure_sections(data):
+        lines += _md_section(s, "##")
+    lines += ["", "## Where: release × check", "", sections.LEGEND + " " + " · ".join(
+        f"{_md_mark(m)} {m.name} ({m.meaning})" for m in MARKS) + "."]
+    for subject in sorted(data["checks"]):
+        cols = sections.columns(data, subject)
+        lines += ["", f"### {subject}", "", "| release | contracts from | " + " | ".join(cols)
+                  + " |", "|---|---|" + "---|" * len(cols)]
+        for release in releases:
+            cs = data["checks"][subject].get(release, {})
+            lines.append(f"| {release} | {sections.source(data, subject, release)} | "
+                         + " | ".join(md_cell(cs.get(check, {})) for check in cols) + " |")
+        lines += _md_dtypes(data, subject)
+    if data["api_changes"]:
+        lines += ["", f"## {sections.API_TITLE}", "", sections.API_NOTE, ""]
+        lines += [f"- **{a['release']}** (against {a['before']}): "
+                  + " · ".join(f"{k}: {t}" for k, t in a["said"].items()) for a in data["api_changes"]]
+    lines += ["", "## Known findings (green, reported)", ""]
+    lines += [f"- {i}: {c} {o} on {rs}, x{n:,}" for i, c, o, rs, n in sections.known(data)] or ["none"]
+    lines += ["", "## Stale known findings (applied, did not happen: remove or narrow them)", ""]
+    lines += [f"- {i}: {c} on {rs}" for i, c, rs in sections.stale(data)] or ["none"]
+    lines += ["", "## Unsupported (the subject's reasons)", ""]
+    lines += [f"- {u['subject']}: {u['reason']} x{u['count']:,}" for u in data["unsupported"]] or ["none"]
+    lines += ["", "## Backends (as the folded result lines name them)", ""]
+    lines += [f"- {b}" for b in sections.backend_lines(data)] or ["none recorded"]
+    lines += ["", "## Details"]
+    if len(kinds) > sections.FIRST_GROUPS:
+        lines += ["", "### More new findings", ""]
+        for g in kinds[sections.FIRST_GROUPS:]:
+            lines += _md_group(data, g)
+    for subject in sorted(data["checks"]):
+        cols = sections.columns(data, subject)
+        lines += ["", f"### {subject}: every outcome word per release and check", "",
+                  "| release | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+        for release in releases:
+            cs = data["checks"][subject].get(release, {})
+            lines.append(f"| {release} | " + " | ".join(sections.words(check, cs[check]) if check in cs else "·"
+                                                        for check in cols) + " |")
+        by_release = data["matrix"][subject]
+        geometries = [g for g in data["geometries"] if any(g in gs for gs in by_release.values())]
+        lines += ["", f"### {subject}: release × geometry", "",
+                  "| release | " + " | ".join(sections.label(g).replace(":", "<br>") for g in geometries) + " |",
+                  "|---|" + "---|" * len(geometries)]
+        for release in releases:
+            gs = by_release.get(release, {})
+            lines.append(f"| {release} | " + " | ".join(md_cell(gs.get(g, {})) for g in geometries) + " |")
+    return "\n".join(lines) + "\n"

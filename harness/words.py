@@ -1,0 +1,20 @@
+"""How the harness counts things in words: `1 release`, `2 geometries`, `3 fixes`, `1,548 lines`.
+
+Standard library only: the report (harness.report) runs without torch.
+"""
+
+from __future__ import annotations
+
+
+def plural(noun: str) -> str:
+    """The plural of an English noun: consonant + y -> ies, a sibilant ending -> es, else + s."""
+    if noun.endswith("y") and noun[-2:-1] not in ("", "a", "e", "i", "o", "u"):
+        return noun[:-1] + "ies"
+    if noun.endswith(("s", "x", "z", "ch", "sh")):
+        return noun + "es"
+    return noun + "s"
+
+
+def count(n: int, noun: str) -> str:
+    """`n` (with thousands separators) and `noun`, in the plural unless `n` is 1."""
+    return f"{n:,} {noun if n == 1 else plural(noun)}"
