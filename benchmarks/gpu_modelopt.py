@@ -40,7 +40,7 @@ from harness.cases import Case, Sparsity  # noqa: E402
 from harness.compare import Diagnosis, diagnose  # noqa: E402
 from harness.contract import Contract, ContractError, Dims  # noqa: E402
 from harness.results import PASSING, Result  # noqa: E402
-from harness.subjects.modelopt import ModeloptSubject, ModeloptUnavailable, VllmRelease, split_mismatch  # noqa: E402
+from kvconform.subjects.modelopt import ModeloptSubject, ModeloptUnavailable, VllmRelease, split_mismatch  # noqa: E402
 
 KERNEL_ROWS = (checks.BIT_IDENTITY.name, checks.DETERMINISM.name)  # the pinned lane's checks
 

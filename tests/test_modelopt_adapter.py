@@ -32,7 +32,7 @@ from harness.contract import Contract, ContractError, Dims, families  # noqa: E4
 from harness.layer import in_force, layer_for  # noqa: E402
 from harness.fixtures import Recording  # noqa: E402
 from harness.subjects import SparsitySemantics, TileConfig, semantics_of  # noqa: E402
-from harness.subjects.modelopt import (  # noqa: E402
+from kvconform.subjects.modelopt import (  # noqa: E402
     ModeloptSubject,
     ModeloptUnavailable,
     VllmRelease,
@@ -372,14 +372,14 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_module_imports_without_modelopt_and_says_how_to_install() -> None:
     run = _python("import sys; sys.modules['modelopt'] = None\n"
-                  "from harness.subjects.modelopt import ModeloptSubject, ModeloptUnavailable\n"
+                  "from kvconform.subjects.modelopt import ModeloptSubject, ModeloptUnavailable\n"
                   "try:\n    ModeloptSubject().version\nexcept ModeloptUnavailable as e:\n    print(e)")
     assert run.returncode == 0, run.stderr
     assert "pip install .[modelopt]" in run.stdout
 
 
 def test_a_version_other_than_the_installed_one_is_refused() -> None:
-    run = _python("from harness.subjects.modelopt import ModeloptSubject, ModeloptUnavailable\n"
+    run = _python("from kvconform.subjects.modelopt import ModeloptSubject, ModeloptUnavailable\n"
                   "try:\n    ModeloptSubject().version\nexcept ModeloptUnavailable as e:\n    print(e)",
                   KVCONFORM_MODELOPT="0.0.1")
     assert run.returncode == 0, run.stderr
@@ -426,7 +426,7 @@ FIRST_CALL_IN_A_REPLAYED_LAYER = """
 import torch
 from harness import fixtures, runner
 from harness.layer import in_force
-from harness.subjects.modelopt import ModeloptSubject
+from kvconform.subjects.modelopt import ModeloptSubject
 
 subject = ModeloptSubject()  # modelopt is first imported inside the calls below, under their releases' stand-ins
 for release in ("0.25.1", "0.29.0"):

@@ -21,8 +21,9 @@ Not every subject is a kernel. A subject declares what it can do in `capabilitie
   transfer  it extracts the K/V of some blocks through its own views and injects them into another cache of the same
             contract (offloaders, connectors): `extract`, `inject`
   forward   it runs attention over paged and dense K/V (kernels): `tile_config`, `paged_forward`, `dense_forward`
-A subject without the attribute is a kernel: split + forward. Each check declares what it needs (`NEEDS` in its
-module) and is generated only for subjects that have all of it; `supports` is optional outside kernels.
+A subject without the attribute is a kernel: split + forward. Each check's declaration (harness.checks, its
+`needs`) says what it needs; its items are generated only for subjects that declare all of it, the others get one
+not-applicable line per release. `supports` is optional outside kernels.
 
 K/V views come in the cache's view type (fp8 for fp8 caches, bytes for NVFP4) and width (the head size plus an
 inline scale for per-token-head caches). A subject that cannot read some caches says so in the optional
@@ -193,25 +194,14 @@ def semantics_of(subject: Subject) -> SparsitySemantics:
     return getattr(subject, "sparsity_semantics", SparsitySemantics())
 
 
-SUBJECTS = {"builtin": "harness.subjects.builtin:BuiltinSubject", "modelopt": "harness.subjects.modelopt:ModeloptSubject"}
-MUTANT = "mutant:"  # `mutant:<name>`: the built-in kernel with a planted bug (harness.subjects.mutants)
-
-
-def own(name: str) -> bool:
-    """The subject named `name` is one of kvconform's own (registered, or a planted-bug kernel)."""
-    return name in SUBJECTS or name.startswith(MUTANT)
+BUILTIN = "builtin"  # the one subject the core names: harness.subjects.builtin's kernel
 
 
 def load_subject(name: str) -> Subject:
-    """The subject registered under `name`, a planted-bug kernel `mutant:<name>`, or the class at `module:Class`
-    (each imported only when asked for)."""
-    if name.startswith(MUTANT):
-        from harness.subjects.mutants import mutant_subject
-
-        return mutant_subject(name.removeprefix(MUTANT))
-    if name not in SUBJECTS and ":" not in name:
-        raise ValueError(f"unknown subject {name!r}; known: {sorted(SUBJECTS)}, {MUTANT}<name> or module:Class")
-    module, _, cls = SUBJECTS.get(name, name).partition(":")
+    """The built-in subject (`builtin`) or the class at `module:Class`, imported only when asked for."""
+    if name != BUILTIN and ":" not in name:
+        raise ValueError(f"unknown subject {name!r}; a subject is {BUILTIN} or module:Class")
+    module, _, cls = ("harness.subjects.builtin:BuiltinSubject" if name == BUILTIN else name).partition(":")
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `module:Class` names a module of the current directory, as `python -m` finds it
     try:
