@@ -11,7 +11,8 @@ what it took against the contract the release was probed to hand out.
 A subject brings its own K/V split of a release's kv_cache, a paged forward over canonical K/V views
 [B, N, H, D] (any strides, innermost stride 1) and a dense forward over contiguous token rows [total_kv, H, D].
 Both forwards take q [total_q, num_heads, D] and return the output in the same shape; sequence boundaries come
-from the case. Bit-identity between the two is only meaningful with a pinned tile config for both calls.
+from the case. Bit-identity between the two is only meaningful with a pinned tile config for both calls; unpinned
+(`tile` None, each call tuned for itself) they agree within a rounding bound (conformance/test_ulp_autotuned.py).
 A subject declares its sparsity semantics (`SparsitySemantics`) where subjects legitimately differ; the oracle
 (harness.reference) judges each subject by its own.
 
@@ -21,6 +22,8 @@ Not every subject is a kernel. A subject declares what it can do in `capabilitie
   transfer  it extracts the K/V of some blocks through its own views and injects them into another cache of the same
             contract (offloaders, connectors): `extract`, `inject`
   forward   it runs attention over paged and dense K/V (kernels): `tile_config`, `paged_forward`, `dense_forward`
+  autotune  its forwards, handed `tile` None, pick their tile config per call among `autotune_configs(case)` (an
+            autotuner that can time them here): the ulp-autotuned check
 A subject without the attribute is a kernel: split + forward. Each check's declaration (harness.checks, its
 `needs`) says what it needs; its items are generated only for subjects that declare all of it, the others get one
 not-applicable line per release. `supports` is optional outside kernels.
@@ -91,11 +94,11 @@ class SparsitySemantics:
             raise ValueError(f"unknown recent_window {self.recent_window!r}; known: {RECENT_WINDOWS}")
 
 
-SPLIT, TRANSFER, FORWARD = "split", "transfer", "forward"
-CAPABILITIES = (SPLIT, TRANSFER, FORWARD)
+SPLIT, TRANSFER, FORWARD, AUTOTUNE = "split", "transfer", "forward", "autotune"
+CAPABILITIES = (SPLIT, TRANSFER, FORWARD, AUTOTUNE)
 DEFAULT_CAPABILITIES = frozenset({SPLIT, FORWARD})  # a subject that declares nothing: a kernel, as before
 METHODS = {SPLIT: ("split",), TRANSFER: ("extract", "inject"),
-           FORWARD: ("tile_config", "paged_forward", "dense_forward")}
+           FORWARD: ("tile_config", "paged_forward", "dense_forward"), AUTOTUNE: ("autotune_configs",)}
 
 
 class Subject(Protocol):
@@ -125,6 +128,9 @@ class Subject(Protocol):
         self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: TileConfig | None
     ) -> torch.Tensor:
         """The same attention over contiguous K/V token rows."""
+
+    def autotune_configs(self, case: Case) -> tuple[TileConfig, ...]:
+        """(autotune) The tile configs a forward handed `tile` None chooses among for `case`."""
 
     def extract(self, kv_cache: torch.Tensor, layer: Layer, block_ids: torch.Tensor) -> object:
         """(transfer) The K and V of blocks `block_ids` (int64, on kv_cache's device) of `layer`'s kv_cache, read
