@@ -79,7 +79,9 @@ BIT_IDENTITY = Check("bit-identity", frozenset({"split", "forward"}), launches="
 DETERMINISM = Check("determinism", frozenset({"split", "forward"}), launches="subject", order=3,
                     explicit="harness.strategies:explicit", module="test_determinism",
                     says={"differs": "nondeterministic"})
-ULP_AUTOTUNED = Check("ulp-autotuned", frozenset({"split", "forward"}), launches="subject", order=3)  # bench only
+ULP_AUTOTUNED = Check("ulp-autotuned", frozenset({"split", "forward", "autotune"}), launches="subject", order=3,
+                      explicit="harness.strategies:explicit", module="test_ulp_autotuned",
+                      says={"differs": "beyond the rounding bound"})
 
 # In the order a reader follows a release: could it be installed and read, then the layout, then the kernels.
 CHECKS = (INSTALL, CONTRACTS, DRIFT, SPLIT_AGREES, REJECTS_MALFORMED, TRANSFER, RELAYOUT, KV_CHECKS, BIT_IDENTITY,

@@ -138,6 +138,7 @@ class KvconformPlugin:
 
         devices.prepare_triton()  # before any kernel module is imported
         from harness import findings, fixtures, profiles, results, runner
+        from kvconform import subjects
 
         _check_options(config)
         worker = self.worker
@@ -163,7 +164,7 @@ class KvconformPlugin:
                 args.append(f"--kvconform-{opt.replace('_', '-')}={config.getoption(f'kvconform_{opt}')}")
         try:
             session = runner.start(
-                spec, config.getoption("kvconform_release"), contracts, results_dir,
+                subjects.spec(spec), config.getoption("kvconform_release"), contracts, results_dir,
                 regressions, Path(config.getoption("kvconform_known_findings") or findings.DIRECTORY), device,
                 f"{self.run}-{worker or 'main'}", " ".join(shlex.quote(a) for a in args),
                 tuple(config.getoption("kvconform_backend")), tuple(config.getoption("kvconform_cache_dtype")),
@@ -321,7 +322,7 @@ def _check_options(config: pytest.Config) -> None:
 def _default_regressions(config: pytest.Config, subject: str, results_dir: Path) -> Path:
     """kvconform's own subjects in its own checkout keep their regressions under fixtures/ (committed guards); every
     other subject's go to the results folder, never into kvconform's checkout."""
-    from harness.subjects import own
+    from kvconform.subjects import own
 
     checkout = Path(__file__).resolve().parent.parent
     guards = checkout / "fixtures" / "regressions"

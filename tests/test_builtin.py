@@ -23,7 +23,7 @@ from harness.compare import assert_bit_identical, diagnose  # noqa: E402
 from harness.contract import Contract, Dims, cross_layer, families  # noqa: E402
 from harness.subjects import builtin  # noqa: E402
 from harness.subjects.builtin import BuiltinSubject  # noqa: E402
-from harness.subjects.mutants import MUTANTS, Mutant, mutant_subject, mutated_source  # noqa: E402
+from kvconform.subjects.mutants import MUTANTS, Mutant, mutant_subject, mutated_source  # noqa: E402
 
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("KVCONFORM_DEVICE=cuda but no CUDA device", allow_module_level=True)

@@ -132,3 +132,68 @@ def test_checks_declare_what_they_need():
     assert applies == {"contracts", "vllm-write", "split-agrees", "rejects-malformed"}
     kernel = runner.Session("k", "k", None, [], (), None, None, "w", "", "cpu")
     assert {c for c, n in needs.items() if runner.missing(kernel, n)} == {"transfer"}
+
+
+def test_ulp_autotuned_needs_a_subject_that_autotunes():
+    from kvconform.suites import test_ulp_autotuned
+
+    kernel = runner.Session("k", "k", None, [], (), None, None, "w", "", "cpu")
+    assert runner.missing(kernel, test_ulp_autotuned.CHECK.needs) == ["autotune"]
+    tuning = runner.Session("t", "t", None, [], (), None, None, "w", "", "cpu",
+                            capabilities=frozenset({"split", "forward", "autotune"}))
+    assert not runner.missing(tuning, test_ulp_autotuned.CHECK.needs)
+    lacking = type("S", (), {"name": "s", "capabilities": frozenset({"split", "forward", "autotune"}),
+                             **{m: lambda self, *a: None for m in ("split", "tile_config", "paged_forward",
+                                                                   "dense_forward")}})()
+    with pytest.raises(ValueError, match="autotune needs autotune_configs"):
+        capabilities_of(lacking)
+
+
+SPEC_IN_A_FRESH_PROCESS = """
+from harness.subjects import load_subject
+from kvconform.subjects import spec
+for name in ("mutant:table_row", "modelopt", "builtin"):
+    print(type(load_subject(spec(name))).__name__, load_subject(spec(name)).name)
+try:
+    load_subject("modelopt")
+except ValueError as e:
+    print(e)
+"""
+
+
+def test_kvconforms_own_subjects_are_a_module_class_the_core_loads_in_any_process():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kvconform.subjects import own, spec
+
+    assert spec("modelopt") == "kvconform.subjects.modelopt:ModeloptSubject"
+    assert spec("mutant:gqa_mapping") == "kvconform.subjects.mutants:gqa_mapping"
+    assert spec("builtin") == "builtin" and spec("mypkg.attention:Reader") == "mypkg.attention:Reader"
+    assert own("builtin") and own("modelopt") and own("mutant:gqa_mapping") and not own("mypkg.attention:Reader")
+    with pytest.raises(ValueError, match=re.escape("unknown subject 'nope'; known: ['builtin', 'modelopt'], "
+                                                   "mutant:<name> or module:Class")):
+        spec("nope")
+    with pytest.raises(ValueError, match="unknown mutant 'nope'; known: "):
+        spec("mutant:nope")
+    # What a warm-up process does: load the subject again by the spec alone, with no name table of the plugin's.
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", SPEC_IN_A_FRESH_PROCESS], cwd=repo, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "BuiltinSubject builtin[mutant table_row]", "ModeloptSubject modelopt", "BuiltinSubject builtin",
+        "unknown subject 'modelopt'; a subject is builtin or module:Class"], done.stdout
+
+
+def test_the_core_imports_nothing_of_kvconforms_plugin():
+    import ast
+    from pathlib import Path
+
+    core = Path(__file__).resolve().parent.parent / "harness"
+    found = [f"{p.relative_to(core.parent)}:{n.lineno}" for p in core.rglob("*.py") for n in ast.walk(ast.parse(
+        p.read_text())) if isinstance(n, (ast.Import, ast.ImportFrom)) and any(
+        (a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0] == "kvconform" for a in n.names)]
+    assert found == [], found

@@ -7,8 +7,10 @@ A release without FlashAttentionBackend.get_kv_cache_shape is a contract-error c
 deliberately broken plugin split is caught. modelopt's Triton kernel runs under TRITON_INTERPRET=1 at tiny shapes
 (its `torch.cuda.device(q.device)` launch context is made a no-op for CPU tensors; see the subject's module).
 
-Under pytest modelopt's autotuner holds one candidate (`_FWD_CONFIGS[:1]` when PYTEST_VERSION is set), so the
-autotuned lane is exercised on the GPU only (benchmarks/gpu_modelopt.py).
+modelopt's autotuner cannot time its candidates in the interpreter, so here the subject declares no `autotune` and
+the ulp-autotuned check is not applicable to it; on CUDA it runs in the suites (`pytest conformance
+--kvconform-subject modelopt -k ulp_autotuned`) over all of `_FWD_CONFIGS`, which under pytest modelopt itself
+trims to its first.
 """
 
 import os
@@ -20,6 +22,7 @@ import importlib.util  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
+from unittest import mock  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -31,8 +34,8 @@ from harness.compare import assert_bit_identical, diagnose  # noqa: E402
 from harness.contract import Contract, ContractError, Dims, families  # noqa: E402
 from harness.layer import in_force, layer_for  # noqa: E402
 from harness.fixtures import Recording  # noqa: E402
-from harness.subjects import SparsitySemantics, TileConfig, semantics_of  # noqa: E402
-from harness.subjects.modelopt import (  # noqa: E402
+from harness.subjects import SparsitySemantics, TileConfig, capabilities_of, semantics_of  # noqa: E402
+from kvconform.subjects.modelopt import (  # noqa: E402
     ModeloptSubject,
     ModeloptUnavailable,
     VllmRelease,
@@ -372,14 +375,14 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_module_imports_without_modelopt_and_says_how_to_install() -> None:
     run = _python("import sys; sys.modules['modelopt'] = None\n"
-                  "from harness.subjects.modelopt import ModeloptSubject, ModeloptUnavailable\n"
+                  "from kvconform.subjects.modelopt import ModeloptSubject, ModeloptUnavailable\n"
                   "try:\n    ModeloptSubject().version\nexcept ModeloptUnavailable as e:\n    print(e)")
     assert run.returncode == 0, run.stderr
     assert "pip install .[modelopt]" in run.stdout
 
 
 def test_a_version_other_than_the_installed_one_is_refused() -> None:
-    run = _python("from harness.subjects.modelopt import ModeloptSubject, ModeloptUnavailable\n"
+    run = _python("from kvconform.subjects.modelopt import ModeloptSubject, ModeloptUnavailable\n"
                   "try:\n    ModeloptSubject().version\nexcept ModeloptUnavailable as e:\n    print(e)",
                   KVCONFORM_MODELOPT="0.0.1")
     assert run.returncode == 0, run.stderr
@@ -416,17 +419,29 @@ def test_pinning_is_undone_and_unpinned_calls_run_modelopts_own_candidates() -> 
     SUBJECT.dense_forward(case, q, k, v, TileConfig(16, 64, 4, 1))
     assert fa._attn_fwd.configs is own
     SUBJECT.dense_forward(case, q, k, v, None)
-    # Under pytest modelopt keeps one candidate (_FWD_CONFIGS[:1] when PYTEST_VERSION is set): the real autotuned
-    # lane only exists outside pytest, on a GPU.
-    assert SUBJECT.last_tile in [TileConfig(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
-                                 for c in own]
+    assert fa._attn_fwd.configs is own
+    # In the interpreter the tuner keeps its list as it stands (under pytest modelopt's first config alone).
+    assert SUBJECT.last_tile in SUBJECT.autotune_configs(case) == tuple(
+        TileConfig(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in own)
+
+
+def test_autotune_is_declared_only_where_the_autotuner_can_time_its_candidates() -> None:
+    assert capabilities_of(SUBJECT) == {"split", "forward"}  # the interpreter: ulp-autotuned not applicable
+    import modelopt.torch.kernels.common.attention.triton_fa as fa
+
+    cuda = mock.patch.object(torch.cuda, "is_available", lambda: True)
+    with cuda, mock.patch.dict(os.environ, {"TRITON_INTERPRET": "0"}):
+        assert capabilities_of(SUBJECT) == {"split", "forward", "autotune"}
+        # All of modelopt's production candidates, not the one it keeps under pytest; BLOCK_N 32 in each.
+        assert len(SUBJECT.autotune_configs(Case(**MIXED))) == len(fa._FWD_CONFIGS) > len(fa._attn_fwd.configs)
+        assert {t.block_n for t in SUBJECT.autotune_configs(Case(**MIXED))} == {32}
 
 
 FIRST_CALL_IN_A_REPLAYED_LAYER = """
 import torch
 from harness import fixtures, runner
 from harness.layer import in_force
-from harness.subjects.modelopt import ModeloptSubject
+from kvconform.subjects.modelopt import ModeloptSubject
 
 subject = ModeloptSubject()  # modelopt is first imported inside the calls below, under their releases' stand-ins
 for release in ("0.25.1", "0.29.0"):

@@ -6,7 +6,7 @@ chosen decisions), weights from the exact scores. Every path the bound allows mu
 must leave the exact path (else the test says nothing), and a flip the bound does not allow must be refused. The
 two H200 REPRO cases (8192-token prefills) are too big for the CPU interpreter; their configurations at 1024 tokens
 stand in (tests/test_builtin.py runs the kernel itself; fixtures/regressions/builtin/ replays them on CUDA).
-The planted skip-softmax bugs of harness.subjects.mutants run in Triton's interpreter at small sizes.
+The planted skip-softmax bugs of kvconform.subjects.mutants run in Triton's interpreter at small sizes.
 """
 
 import os
@@ -25,8 +25,9 @@ import torch  # noqa: E402
 from harness import reference  # noqa: E402
 from harness.cases import Case, Sparsity  # noqa: E402
 from harness.strategies import Example  # noqa: E402
-from harness.subjects import SparsitySemantics, TileConfig, load_subject, semantics_of  # noqa: E402
+from harness.subjects import SparsitySemantics, TileConfig, semantics_of  # noqa: E402
 from harness.subjects.builtin import PREFILL, BuiltinSubject  # noqa: E402
+from kvconform.subjects import load_subject  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("oracle_check", ROOT / "conformance" / "test_oracle.py")

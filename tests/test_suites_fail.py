@@ -194,10 +194,10 @@ class UnvalidatedSplit(BuiltinSubject):
 
 
 class CausalOffsetMutant:
-    """The built-in kernel with its chunked-prefill causal offset off by one (harness.subjects.mutants)."""
+    """The built-in kernel with its chunked-prefill causal offset off by one (kvconform.subjects.mutants)."""
 
     def __new__(cls):
-        from harness.subjects.mutants import mutant_subject
+        from kvconform.subjects.mutants import mutant_subject
 
         return mutant_subject("causal_offset")
 

@@ -210,7 +210,7 @@ def test_a_backend_the_release_lacks_is_named() -> None:
 
 
 def test_modelopt_release_without_api_is_a_contract_error() -> None:
-    from harness.subjects.modelopt import VllmRelease
+    from kvconform.subjects.modelopt import VllmRelease
 
     with pytest.raises(ContractError, match="records no layout API"):
         VllmRelease.from_recording(dataclasses.replace(fixtures.load(RECORDED[0]), api=None))

@@ -11,7 +11,8 @@ what it took against the contract the release was probed to hand out.
 A subject brings its own K/V split of a release's kv_cache, a paged forward over canonical K/V views
 [B, N, H, D] (any strides, innermost stride 1) and a dense forward over contiguous token rows [total_kv, H, D].
 Both forwards take q [total_q, num_heads, D] and return the output in the same shape; sequence boundaries come
-from the case. Bit-identity between the two is only meaningful with a pinned tile config for both calls.
+from the case. Bit-identity between the two is only meaningful with a pinned tile config for both calls; unpinned
+(`tile` None, each call tuned for itself) they agree within a rounding bound (conformance/test_ulp_autotuned.py).
 A subject declares its sparsity semantics (`SparsitySemantics`) where subjects legitimately differ; the oracle
 (harness.reference) judges each subject by its own.
 
@@ -21,8 +22,11 @@ Not every subject is a kernel. A subject declares what it can do in `capabilitie
   transfer  it extracts the K/V of some blocks through its own views and injects them into another cache of the same
             contract (offloaders, connectors): `extract`, `inject`
   forward   it runs attention over paged and dense K/V (kernels): `tile_config`, `paged_forward`, `dense_forward`
-A subject without the attribute is a kernel: split + forward. Each check declares what it needs (`NEEDS` in its
-module) and is generated only for subjects that have all of it; `supports` is optional outside kernels.
+  autotune  its forwards, handed `tile` None, pick their tile config per call among `autotune_configs(case)` (an
+            autotuner that can time them here): the ulp-autotuned check
+A subject without the attribute is a kernel: split + forward. Each check's declaration (harness.checks, its
+`needs`) says what it needs; its items are generated only for subjects that declare all of it, the others get one
+not-applicable line per release. `supports` is optional outside kernels.
 
 K/V views come in the cache's view type (fp8 for fp8 caches, bytes for NVFP4) and width (the head size plus an
 inline scale for per-token-head caches). A subject that cannot read some caches says so in the optional
@@ -90,11 +94,11 @@ class SparsitySemantics:
             raise ValueError(f"unknown recent_window {self.recent_window!r}; known: {RECENT_WINDOWS}")
 
 
-SPLIT, TRANSFER, FORWARD = "split", "transfer", "forward"
-CAPABILITIES = (SPLIT, TRANSFER, FORWARD)
+SPLIT, TRANSFER, FORWARD, AUTOTUNE = "split", "transfer", "forward", "autotune"
+CAPABILITIES = (SPLIT, TRANSFER, FORWARD, AUTOTUNE)
 DEFAULT_CAPABILITIES = frozenset({SPLIT, FORWARD})  # a subject that declares nothing: a kernel, as before
 METHODS = {SPLIT: ("split",), TRANSFER: ("extract", "inject"),
-           FORWARD: ("tile_config", "paged_forward", "dense_forward")}
+           FORWARD: ("tile_config", "paged_forward", "dense_forward"), AUTOTUNE: ("autotune_configs",)}
 
 
 class Subject(Protocol):
@@ -124,6 +128,9 @@ class Subject(Protocol):
         self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: TileConfig | None
     ) -> torch.Tensor:
         """The same attention over contiguous K/V token rows."""
+
+    def autotune_configs(self, case: Case) -> tuple[TileConfig, ...]:
+        """(autotune) The tile configs a forward handed `tile` None chooses among for `case`."""
 
     def extract(self, kv_cache: torch.Tensor, layer: Layer, block_ids: torch.Tensor) -> object:
         """(transfer) The K and V of blocks `block_ids` (int64, on kv_cache's device) of `layer`'s kv_cache, read
@@ -193,25 +200,14 @@ def semantics_of(subject: Subject) -> SparsitySemantics:
     return getattr(subject, "sparsity_semantics", SparsitySemantics())
 
 
-SUBJECTS = {"builtin": "harness.subjects.builtin:BuiltinSubject", "modelopt": "harness.subjects.modelopt:ModeloptSubject"}
-MUTANT = "mutant:"  # `mutant:<name>`: the built-in kernel with a planted bug (harness.subjects.mutants)
-
-
-def own(name: str) -> bool:
-    """The subject named `name` is one of kvconform's own (registered, or a planted-bug kernel)."""
-    return name in SUBJECTS or name.startswith(MUTANT)
+BUILTIN = "builtin"  # the one subject the core names: harness.subjects.builtin's kernel
 
 
 def load_subject(name: str) -> Subject:
-    """The subject registered under `name`, a planted-bug kernel `mutant:<name>`, or the class at `module:Class`
-    (each imported only when asked for)."""
-    if name.startswith(MUTANT):
-        from harness.subjects.mutants import mutant_subject
-
-        return mutant_subject(name.removeprefix(MUTANT))
-    if name not in SUBJECTS and ":" not in name:
-        raise ValueError(f"unknown subject {name!r}; known: {sorted(SUBJECTS)}, {MUTANT}<name> or module:Class")
-    module, _, cls = SUBJECTS.get(name, name).partition(":")
+    """The built-in subject (`builtin`) or the class at `module:Class`, imported only when asked for."""
+    if name != BUILTIN and ":" not in name:
+        raise ValueError(f"unknown subject {name!r}; a subject is {BUILTIN} or module:Class")
+    module, _, cls = ("harness.subjects.builtin:BuiltinSubject" if name == BUILTIN else name).partition(":")
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `module:Class` names a module of the current directory, as `python -m` finds it
     try:

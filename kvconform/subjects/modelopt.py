@@ -7,7 +7,9 @@ What runs is modelopt's code, unchanged (facts per release in docs/modelopt.md):
   `IS_PAGED` is a constexpr that only changes how K and V tiles are loaded.
 - tile: `_attn_fwd` is a `triton.autotune` over `_FWD_CONFIGS` and `attention()` takes no tile argument. A pinned
   call gives the autotuner exactly one candidate for that call, which is how modelopt pins itself under pytest
-  (`_FWD_CONFIGS[:1]` when PYTEST_VERSION is set); `tile=None` leaves modelopt's own candidates in place.
+  (`_FWD_CONFIGS[:1]` when PYTEST_VERSION is set). `tile=None` gives it modelopt's own candidates: on CUDA all of
+  `_FWD_CONFIGS`, as outside pytest (the subject declares `autotune` there: the ulp-autotuned check); in Triton's
+  interpreter, which cannot time candidates, the tuner's list as it stands.
 - split: `plugins/vllm.py::ModelOptSparseAttentionImpl.forward` detects the layout (0.46+:
   `_flash_attention_kv_cache_layout()`, probing `FlashAttentionBackend.get_kv_cache_shape(3, 16, 1, 16)`; 0.45:
   always `kv_cache.unbind(0)`), splits, and hands `k_cache`/`v_cache` to `triton_attention`. `split()` runs that
@@ -53,7 +55,7 @@ from harness.contract import ContractError
 from harness.layer import Layer, contract_of
 from harness import fixtures, vllm_api
 from harness.fixtures import Recording
-from harness.subjects import SparsitySemantics, TileConfig, check_paged_views
+from harness.subjects import AUTOTUNE, FORWARD, SPLIT, SparsitySemantics, TileConfig, check_paged_views
 
 ENV = "KVCONFORM_MODELOPT"  # a PyPI version ("0.47.0") or a modelopt source tree (a directory holding `modelopt/`)
 PLUGIN = "modelopt.torch.sparsity.attention_sparsity.plugins.vllm"
@@ -139,8 +141,17 @@ class ModeloptSubject:
             return f"cache dtype {layer.cache_dtype} not supported: modelopt's kernel reads model-dtype K/V"
         return None
 
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """A kernel's, and autotune where modelopt's autotuner can time its candidates (CUDA)."""
+        return frozenset({SPLIT, FORWARD} | ({AUTOTUNE} if _autotunes() else set()))
+
     def tile_config(self, case: Case) -> TileConfig:
         return PINNED
+
+    def autotune_configs(self, case: Case) -> tuple[TileConfig, ...]:
+        return tuple(TileConfig(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+                     for c in _candidates(_load().kernel))
 
     def split(self, kv_cache: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
         contract_of(layer).validate(kv_cache)  # the adapter's guard: the plugin itself checks nothing
@@ -284,17 +295,27 @@ def _varlen(case: Case, device: torch.device) -> tuple[torch.Tensor, ...]:
     return (*starts_lens(case.q_lens), *starts_lens(case.kv_lens))
 
 
+def _autotunes() -> bool:
+    """modelopt's autotuner can time its candidates here: a CUDA device, outside Triton's interpreter."""
+    return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def _candidates(kernel: types.ModuleType) -> list:
+    """What modelopt's autotuner chooses among in production: all of `_FWD_CONFIGS` (0.46+) where it can time them,
+    although under pytest the kernel keeps the first alone; else the tuner's list as it stands."""
+    full = getattr(kernel, "_FWD_CONFIGS", None)
+    return list(full) if full and _autotunes() else list(kernel._attn_fwd.configs)
+
+
 @contextlib.contextmanager
 def _tiles(kernel: types.ModuleType, tile: TileConfig | None):
-    """Give modelopt's autotuner exactly the pinned candidate for one call (its single-config path runs it as is)."""
-    if tile is None:
-        yield
-        return
+    """Give modelopt's autotuner exactly the pinned candidate for one call (its single-config path runs it as is),
+    or with `tile` None its production candidates (`_candidates`)."""
     import triton
 
     tuner = kernel._attn_fwd
     saved = tuner.configs
-    tuner.configs = [
+    tuner.configs = _candidates(kernel) if tile is None else [
         triton.Config({"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n}, num_warps=tile.num_warps,
                       num_stages=tile.num_stages)
     ]

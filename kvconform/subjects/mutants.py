@@ -2,7 +2,8 @@
 
 A mutant is one exact source line of builtin.py and its replacement; the substituted module is written to a temp
 file and imported fresh, so the production kernel carries no test hooks. A line that no longer exists raises,
-so a mutant cannot silently stop planting its bug.
+so a mutant cannot silently stop planting its bug. Mutant `<name>` is the class `kvconform.subjects.mutants:<name>`
+(`--kvconform-subject mutant:<name>`), which a warm-up process loads again by that spec.
 """
 
 from __future__ import annotations
@@ -75,23 +76,40 @@ def mutated_source(mutant: Mutant) -> str:
 _DIR = tempfile.mkdtemp(prefix="kvconform_mutants_")
 
 
-def mutant_subject(name: str) -> builtin.BuiltinSubject:
-    """A BuiltinSubject whose kernels are compiled from builtin.py with mutant `name` planted."""
+def spec(name: str) -> str:
+    """The `module:Class` spec of mutant `name`; ValueError for a name no mutant has."""
     if name not in MUTANTS:
         raise ValueError(f"unknown mutant {name!r}; known: {sorted(MUTANTS)}")
+    return f"{__name__}:{name}"
+
+
+def mutant_class(name: str) -> type[builtin.BuiltinSubject]:
+    """The BuiltinSubject class compiled from builtin.py with mutant `name` planted, named for it."""
+    spec(name)
     module_name = f"kvconform_mutant_{name}"
     if module_name not in sys.modules:
         # Triton reads a kernel's source from its file, so the module must live in a real file.
         path = Path(_DIR) / f"{module_name}.py"
         path.write_text(mutated_source(MUTANTS[name]))
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec)
+        found = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(found)
         sys.modules[module_name] = module
         try:
-            spec.loader.exec_module(module)
+            found.loader.exec_module(module)
         except BaseException:
             del sys.modules[module_name]
             raise
-    subject = sys.modules[module_name].BuiltinSubject()
-    subject.name = f"builtin[mutant {name}]"
-    return subject
+        module.BuiltinSubject.name = f"builtin[mutant {name}]"  # the mutated module's own class, not builtin's
+    return sys.modules[module_name].BuiltinSubject
+
+
+def mutant_subject(name: str) -> builtin.BuiltinSubject:
+    """A BuiltinSubject whose kernels are compiled from builtin.py with mutant `name` planted."""
+    return mutant_class(name)()
+
+
+def __getattr__(name: str) -> type[builtin.BuiltinSubject]:
+    # `kvconform.subjects.mutants:<name>`: the class is built on first use, so importing this module plants nothing.
+    if name in MUTANTS:
+        return mutant_class(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
