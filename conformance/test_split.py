@@ -6,6 +6,7 @@ not 1."""
 
 from harness import checks
 from harness.results import Word
+from harness.run.trial import Outcome
 
 CHECK = checks.SPLIT_AGREES  # its declaration: what it needs, costs and draws
 
@@ -15,9 +16,10 @@ def _addressing(t) -> tuple[int | None, ...]:
     return tuple(None if n == 1 else st for n, st in zip(t.shape, t.stride()))
 
 
-def check(run, ex, _):
-    kv_cache = ex.contract.allocate(ex.dims, ex.case.torch_dtype, run.device)
-    got = run.subject_split(kv_cache, run.layer(ex))
+def check(t):
+    ex = t.example
+    kv_cache = ex.contract.allocate(ex.dims, ex.case.torch_dtype, t.device)
+    got = t.subject_split(kv_cache)
     want = ex.contract.split(kv_cache, ex.dims)
     for name, a, b in zip("KV", got, want):
         fields = {"shape": (tuple(a.shape), tuple(b.shape)), "stride": (_addressing(a), _addressing(b)),
@@ -27,9 +29,9 @@ def check(run, ex, _):
                   "dtype": (a.dtype, b.dtype)}
         wrong = [f"{k} {x} (contract: {y})" for k, (x, y) in fields.items() if x != y]
         if wrong:
-            return run.outcome(Word.DIFFERS, f"{name} view of kv_cache {tuple(kv_cache.shape)} strides "
-                                          f"{kv_cache.stride()}: {'; '.join(wrong)}")
-    return run.outcome(Word.BIT_IDENTICAL)
+            return Outcome(Word.DIFFERS, f"{name} view of kv_cache {tuple(kv_cache.shape)} strides "
+                                         f"{kv_cache.stride()}: {'; '.join(wrong)}")
+    return Outcome(Word.BIT_IDENTICAL)
 
 
 def test_split_agrees(conformance, target):

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from harness import cells, report, results, runner
+from harness import cells, report, results
+from harness.run import session as sessions
 from harness.subjects import DEFAULT_CAPABILITIES, capabilities_of
 
 pytest_plugins = ["pytester"]
@@ -124,8 +125,8 @@ def test_checks_declare_what_they_need():
     needs = {m.CHECK.name: m.CHECK.needs for m in (test_bit_identity, test_contracts, test_determinism,
                                                    test_malformed, test_oracle, test_split, test_transfer,
                                                    test_vllm_write)}
-    consumer = runner.Session("c", "c", None, [], (), None, None, "w", "", "cpu", capabilities=frozenset({"split"}))
-    applies = {c for c, n in needs.items() if not runner.missing(consumer, n)}
+    consumer = sessions.Session("c", "c", None, [], (), None, None, "w", "", "cpu", capabilities=frozenset({"split"}))
+    applies = {c for c, n in needs.items() if not consumer.missing(n)}
     assert applies == {"contracts", "vllm-write", "split-agrees", "rejects-malformed"}
-    kernel = runner.Session("k", "k", None, [], (), None, None, "w", "", "cpu")
-    assert {c for c, n in needs.items() if runner.missing(kernel, n)} == {"transfer"}
+    kernel = sessions.Session("k", "k", None, [], (), None, None, "w", "", "cpu")
+    assert {c for c, n in needs.items() if kernel.missing(n)} == {"transfer"}
