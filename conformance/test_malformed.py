@@ -7,6 +7,7 @@ from harness import checks
 from harness.contract import ContractError
 from harness.layer import in_force
 from harness.results import Word
+from harness.run.trial import Outcome
 
 CHECK = checks.REJECTS_MALFORMED  # its declaration: what it needs, costs and draws
 # Each malformation (harness.strategies.MALFORMATIONS) breaks the contract in a way that is visible without knowing
@@ -46,24 +47,24 @@ def names_shape(message: str, shape: tuple[int, ...]) -> bool:
     return str(tuple(shape)) in message or str(list(shape)) in message
 
 
-def check(run, ex, mutation):
+def check(t):
+    ex, mutation = t.example, t.extra
     if not applicable(ex, mutation):
         mutation = "extra-axis"
-    bad = malform(ex.contract.allocate(ex.dims, ex.case.torch_dtype, run.device), ex.contract, mutation)
+    bad = malform(ex.contract.allocate(ex.dims, ex.case.torch_dtype, t.device), ex.contract, mutation)
     shape = tuple(bad.shape)
-    layer = run.layer(ex)
     try:
-        with in_force(layer):
-            run.subject.split(bad, layer)
+        with in_force(t.layer):
+            t.subject.split(bad, t.layer)
     except Exception as e:
         wants = [] if names_shape(str(e), shape) else [f"the shape as {shape}, {list(shape)} or torch.Size({list(shape)})"]
         if isinstance(e, ContractError) and ex.contract.name not in str(e):
             wants.append(f"the contract {ex.contract.name}")
         if wants:
-            return run.outcome(Word.ACCEPTED, f"{mutation}: {type(e).__name__} raised without naming "
-                                              f"{' and '.join(wants)}: {e}")
-        return run.outcome(Word.REJECTED)
-    return run.outcome(Word.ACCEPTED, f"{mutation}: split accepted kv_cache shape {shape} strides {bad.stride()}")
+            return Outcome(Word.ACCEPTED, f"{mutation}: {type(e).__name__} raised without naming "
+                                          f"{' and '.join(wants)}: {e}")
+        return Outcome(Word.REJECTED)
+    return Outcome(Word.ACCEPTED, f"{mutation}: split accepted kv_cache shape {shape} strides {bad.stride()}")
 
 
 def test_rejects_malformed(conformance, target):

@@ -21,6 +21,7 @@ import torch
 from harness import checks, reference
 from harness.cases import Case
 from harness.results import Word
+from harness.run.trial import Outcome
 from harness.subjects import SparsitySemantics, TileConfig, semantics_of
 
 CHECK = checks.ORACLE  # its declaration: what it needs, costs and draws
@@ -65,12 +66,13 @@ def judge(case: Case, out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                                 + (f"; {notes}" if notes else ""))
 
 
-def check(run, ex, _):
-    q, k, v = ex.case.inputs(run.device)
-    tile = run.call(run.subject.tile_config, ex.case)
-    out = run.call(run.subject.dense_forward, ex.case, q, k, v, tile)
-    verdict = judge(ex.case, out, q, k, v, tile, semantics_of(run.subject))
-    return run.outcome(verdict.word, verdict.diagnosis)
+def check(t):
+    case = t.example.case
+    q, k, v = case.inputs(t.device)
+    tile = t.call(t.subject.tile_config, case)
+    out = t.call(t.subject.dense_forward, case, q, k, v, tile)
+    verdict = judge(case, out, q, k, v, tile, semantics_of(t.subject))
+    return Outcome(verdict.word, verdict.diagnosis)
 
 
 def test_oracle(conformance, dense_target):

@@ -4,7 +4,8 @@ V, token by token, read through the second setting's views; or the subject refus
 leaves the target untouched. A raw copy of a block's bytes passes every size check (both settings' blocks hold the
 same bytes) and moves values wherever the two settings order a block's memory differently.
 
-Targets are pairs of geometries of one release, backend, cache dtype and layer arrangement (runner.relayout_targets).
+Targets are pairs of geometries of one release, backend, cache dtype and layer arrangement
+(harness.run.targets.relayout_targets).
 """
 
 from harness import checks, transfer
@@ -12,9 +13,9 @@ from harness import checks, transfer
 CHECK = checks.RELAYOUT  # its declaration: what it needs, costs and draws
 
 
-def check(run, ex, seed):
-    to, layer = run.peer(ex)
-    return transfer.moved(run, ex, seed, to, layer, refusable=True)
+def check(t):
+    to, layer = t.peer
+    return transfer.moved(t, to, layer, refusable=True)
 
 
 def test_relayout(conformance, target):

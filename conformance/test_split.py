@@ -7,20 +7,22 @@ not 1."""
 from harness import checks
 from harness.compare import view_mismatch
 from harness.results import Word
+from harness.run.trial import Outcome
 
 CHECK = checks.SPLIT_AGREES  # its declaration: what it needs, costs and draws
 
 
-def check(run, ex, _):
-    kv_cache = ex.contract.allocate(ex.dims, ex.case.torch_dtype, run.device)
-    got = run.subject_split(kv_cache, run.layer(ex))
+def check(t):
+    ex = t.example
+    kv_cache = ex.contract.allocate(ex.dims, ex.case.torch_dtype, t.device)
+    got = t.subject_split(kv_cache)
     want = ex.contract.split(kv_cache, ex.dims)
     for name, a, b in zip("KV", got, want):
         wrong = view_mismatch(a, b)
         if wrong:
-            return run.outcome(Word.DIFFERS, f"{name} view of kv_cache {tuple(kv_cache.shape)} strides "
-                                          f"{kv_cache.stride()}: {'; '.join(wrong)}")
-    return run.outcome(Word.BIT_IDENTICAL)
+            return Outcome(Word.DIFFERS, f"{name} view of kv_cache {tuple(kv_cache.shape)} strides "
+                                         f"{kv_cache.stride()}: {'; '.join(wrong)}")
+    return Outcome(Word.BIT_IDENTICAL)
 
 
 def test_split_agrees(conformance, target):

@@ -13,8 +13,8 @@ from harness import checks, transfer
 CHECK = checks.TRANSFER  # its declaration: what it needs, costs and draws
 
 
-def check(run, ex, seed):
-    return transfer.moved(run, ex, seed, ex.contract, run.layer(ex))  # the target: another layer of the same layout
+def check(t):
+    return transfer.moved(t, t.example.contract, t.layer)  # the target: another layer of the same layout
 
 
 def test_transfer(conformance, target):

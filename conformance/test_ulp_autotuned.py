@@ -62,6 +62,7 @@ from harness import checks
 from harness.cases import Case
 from harness.compare import diagnose
 from harness.results import Word
+from harness.run.trial import Outcome
 from harness.subjects import TileConfig
 
 CHECK = checks.ULP_AUTOTUNED  # its declaration: what it needs, costs and draws
@@ -114,13 +115,13 @@ def judge(case: Case, paged: torch.Tensor, dense: torch.Tensor, q: torch.Tensor,
     return Word.DIFFERS, f"{int(over.sum())} of {err.numel()} elements beyond, the most at {at}; {figures}"
 
 
-def check(run, ex, _):
-    p = run.prepare(ex)
-    keys, values = run.split(p, ex)
-    configs = run.call(run.subject.autotune_configs, ex.case)
-    paged = run.call(run.subject.paged_forward, ex.case, p.q, keys, values, p.paging, None)
-    dense = run.call(run.subject.dense_forward, ex.case, p.q, p.k, p.v, None)
-    return run.outcome(*judge(ex.case, paged, dense, p.q, p.k, p.v, configs))
+def check(t):
+    case, p = t.example.case, t.prepare()
+    keys, values = t.split(p)
+    configs = t.call(t.subject.autotune_configs, case)
+    paged = t.call(t.subject.paged_forward, case, p.q, keys, values, p.paging, None)
+    dense = t.call(t.subject.dense_forward, case, p.q, p.k, p.v, None)
+    return Outcome(*judge(case, paged, dense, p.q, p.k, p.v, configs))
 
 
 def test_ulp_autotuned(conformance, target):

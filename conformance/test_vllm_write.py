@@ -12,6 +12,7 @@ import torch
 from harness import checks
 from harness.cache import read
 from harness.results import Word
+from harness.run.trial import Outcome, compare
 
 CHECK = checks.VLLM_WRITE  # its declaration: what it needs, costs and draws
 
@@ -43,8 +44,9 @@ def _scales(op, device):
 
 
 
-def check(run, ex, _):
-    dtype, device, c = ex.case.torch_dtype, run.device, ex.contract
+def check(t):
+    ex = t.example
+    dtype, device, c = ex.case.torch_dtype, t.device, ex.contract
     _, k, v = ex.case.inputs(device)
     kv_cache = c.allocate(ex.dims, dtype, device)
     keys, values = c.split(kv_cache, ex.dims)
@@ -55,20 +57,20 @@ def check(run, ex, _):
         op(k, v, *raw, pages.slot_mapping, c.cache_dtype, *_scales(op, device))
         torch.cuda.synchronize()
     except Exception as e:
-        return run.outcome(Word.CONTRACT_ERROR, f"vLLM's reshape_and_cache_flash refused the contract's K/V views "
-                                             f"{tuple(keys.shape)} strides {keys.stride()}: {type(e).__name__}: {e}")
+        return Outcome(Word.CONTRACT_ERROR, f"vLLM's reshape_and_cache_flash refused the contract's K/V views "
+                                            f"{tuple(keys.shape)} strides {keys.stride()}: {type(e).__name__}: {e}")
     got_k, got_v = read(keys, values, pages)
     for name, got, want in (("K", got_k, c.dtype.stored(k)), ("V", got_v, c.dtype.stored(v))):
-        o = run.compare(got, want, f"{name} read back through the contract's view")
+        o = compare(got, want, f"{name} read back through the contract's view")
         if o.word != "bit-identical":
             return o
     # Nothing else written: every other element of the whole allocation (other layers, spare pages) is still poison.
     whole = torch.empty(0, dtype=keys.dtype, device=device).set_(kv_cache.untyped_storage()).float()
     written, expected = int((~whole.isnan()).sum()), 2 * k.numel()
     if written != expected:
-        return run.outcome(Word.DIFFERS, f"{written} elements of the allocation hold values after the write, "
-                                      f"expected exactly the {expected} of K and V")
-    return run.outcome(Word.BIT_IDENTICAL)
+        return Outcome(Word.DIFFERS, f"{written} elements of the allocation hold values after the write, "
+                                     f"expected exactly the {expected} of K and V")
+    return Outcome(Word.BIT_IDENTICAL)
 
 
 def test_vllm_write(conformance, target):
@@ -82,6 +84,6 @@ def test_vllm_write(conformance, target):
         reason = "vLLM writes a diff-KV cache with triton_reshape_and_cache_flash_diffkv, not reshape_and_cache_flash"
     if reason or target.release.source != "live":
         reason = reason or "contracts replayed from a fixture: the installed vLLM is not this release"
-        conformance.record_target(target, CHECK, conformance.outcome(Word.SKIPPED, reason))
+        conformance.record_target(target, CHECK, Word.SKIPPED, reason)
         pytest.skip(reason)
     conformance.run(target, CHECK, check)

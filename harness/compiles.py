@@ -8,7 +8,7 @@ decides to compile. The warm-up runs a subject's paged and dense forwards over s
 compile-time choice (`harness.strategies.warmup_shards`) in one geometry per K/V element type the session's caches
 hand the kernels (`forwards`: what the forward checks launch), spread over processes, one shard and geometry per
 process: Triton compiles one kernel at a time per process, so processes are how compiles run in parallel. A session
-runs it behind the checks that launch no kernel (`Session.warm_behind`); kernel items wait for its end
+runs it behind the checks that launch no kernel (`harness.run.warmup.behind`); kernel items wait for its end
 (`await_warmup`), so that their examples only load kernels.
 `launch_key` says what one launch compiles, read from its arguments as Triton's specialisation reads them. A warm-up that ended
 without errors leaves a marker in the Triton cache named by its fingerprint; a later one with the same fingerprint

@@ -21,6 +21,7 @@ from harness.compare import bits
 from harness.contract import Contract, poison
 from harness.layer import Layer, in_force
 from harness.results import Word
+from harness.run.trial import Outcome, Trial, compare
 from harness.strategies import Example, Sizes, ambiguous, cases, examples as placed, num_blocks
 
 SMALL = (2, 3)
@@ -62,23 +63,23 @@ def storage(kv_cache: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=kv_cache.dtype, device=kv_cache.device).set_(kv_cache.untyped_storage())
 
 
-def moved(run, ex: Example, seed: int, to: Contract, to_layer: Layer, refusable: bool = False):
-    """The outcome of moving the example's blocks with the subject: extracted from the example's cache (its layer,
-    run.layer(ex)), the source then poisoned (the blocks are reused: a payload must own its data), injected at other
+def moved(t: Trial, to: Contract, to_layer: Layer, refusable: bool = False) -> Outcome:
+    """The outcome of moving the trial's blocks with the subject (which ones: its `extra`, the seed of
+    `block_ids`): extracted from the example's cache (handed with the trial's layer), the source then poisoned (the blocks are reused: a payload must own its data), injected at other
     block ids into a fresh, poisoned cache of contract `to` handed as `to_layer`. bit-identical when every moved
     block's K and V read through `to`'s views equal the source's and nothing else of the target allocation changed;
     with `refusable`, an inject that raises and leaves the target untouched is `rejected` (a refusal)."""
-    p = run.prepare(ex)
-    src, dst = block_ids(p.paging, ex.num_blocks, seed)
-    device, dims = run.device, ex.dims
+    ex, p = t.example, t.prepare()
+    src, dst = block_ids(p.paging, ex.num_blocks, t.extra)
+    device, dims = t.device, ex.dims
     source_ids = torch.tensor(src, dtype=torch.int64, device=device)
     target_ids = torch.tensor(dst, dtype=torch.int64, device=device)
     source = storage(p.kv_cache)
     before = source.clone()
-    payload = run.call(run.subject.extract, p.kv_cache, run.layer(ex), source_ids)
+    payload = t.call(t.subject.extract, p.kv_cache, t.layer, source_ids)
     if not torch.equal(bits(source), bits(before)):
         changed = int((bits(source) != bits(before)).sum())
-        return run.outcome(Word.DIFFERS, f"extract of blocks {src} changed {changed} elements of the source cache")
+        return Outcome(Word.DIFFERS, f"extract of blocks {src} changed {changed} elements of the source cache")
     want_k, want_v = (t[source_ids].clone() for t in ex.contract.split(p.kv_cache, dims))
     poison(source)
 
@@ -87,15 +88,15 @@ def moved(run, ex: Example, seed: int, to: Contract, to_layer: Layer, refusable:
     if refusable:
         try:
             with in_force(to_layer):
-                run.subject.inject(target, to_layer, target_ids, payload)
+                t.subject.inject(target, to_layer, target_ids, payload)
         except Exception as e:  # noqa: BLE001 - a refusal is an answer; what it left behind is judged
             written = int((bits(storage(target)) != bits(poison(storage(target).clone()))).sum())
             if written:
-                return run.outcome(Word.DIFFERS, f"inject raised {type(e).__name__} ({e}) after writing {written} "
-                                                 f"elements of the target ({moves})")
-            return run.outcome(Word.REJECTED, f"inject refused: {type(e).__name__}: {e}")
+                return Outcome(Word.DIFFERS, f"inject raised {type(e).__name__} ({e}) after writing {written} "
+                                             f"elements of the target ({moves})")
+            return Outcome(Word.REJECTED, f"inject refused: {type(e).__name__}: {e}")
     else:
-        run.call(run.subject.inject, target, to_layer, target_ids, payload)
+        t.call(t.subject.inject, target, to_layer, target_ids, payload)
 
     expected = to.allocate(dims, ex.case.torch_dtype, device)
     ek, ev = to.split(expected, dims)
@@ -103,16 +104,16 @@ def moved(run, ex: Example, seed: int, to: Contract, to_layer: Layer, refusable:
     got_k, got_v = to.split(target, dims)
     for name, got, want in (("K", got_k, ek), ("V", got_v, ev)):
         for s, d in zip(src, dst):
-            o = run.compare(got[d], want[d], f"{name} of source block {s} injected at block {d} ({moves}"
-                                             + (f", {ex.contract.name} -> {to.name}" if to != ex.contract else "") + ")")
+            o = compare(got[d], want[d], f"{name} of source block {s} injected at block {d} ({moves}"
+                                         + (f", {ex.contract.name} -> {to.name}" if to != ex.contract else "") + ")")
             if o.word != Word.BIT_IDENTICAL:
                 return o
     whole, other = bits(storage(target)), bits(storage(expected))
     wrong = (whole != other).nonzero()
     if wrong.numel():
-        return run.outcome(Word.DIFFERS, f"{wrong.numel()} elements of the target allocation outside the K/V of "
-                                         f"blocks {dst} changed (first at {where(to, dims, int(wrong[0]))}; {moves})")
-    return run.outcome(Word.BIT_IDENTICAL)
+        return Outcome(Word.DIFFERS, f"{wrong.numel()} elements of the target allocation outside the K/V of "
+                                     f"blocks {dst} changed (first at {where(to, dims, int(wrong[0]))}; {moves})")
+    return Outcome(Word.BIT_IDENTICAL)
 
 
 def where(contract: Contract, dims, first: int) -> str:

@@ -1,5 +1,5 @@
-"""kvconform's pytest plugin: options, and the wiring from pytest (and pytest-xdist) to the library runner
-(harness.runner).
+"""kvconform's pytest plugin: options, and the wiring from pytest (and pytest-xdist) to the library
+(harness.run).
 
 Installed, it loads through the `pytest11` entry point and only adds its options. A run that asks for kvconform (any
 `--kvconform-*` option, the suites named on the command line, or a conftest that sets `KVCONFORM_SUITES = True`, as
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import threading
 from pathlib import Path
 
 import pytest
@@ -105,12 +104,13 @@ def _active(config: pytest.Config) -> bool:
 
 class KvconformPlugin:
     """The hooks and the `conformance` fixture of one run that uses kvconform: options and xdist's worker input
-    handed to the library (harness.runner, devices, profiles), its outcomes to pytest."""
+    handed to the library (harness.run, devices, profiles), its outcomes to pytest."""
 
     def __init__(self, config: pytest.Config):
         self.config = config
         self.worker = _worker(config)
-        self.session = None  # harness.runner.Session, from pytest_configure
+        self.session = None  # harness.run.session.Session, from pytest_configure
+        self.warming = None  # harness.run.warmup.Warming in the controller that started one; True in its workers
         self.run = ""  # this run's id: made by the controller, handed to its xdist workers
         self.not_applicable: set = set()  # the checks (harness.checks) the subject lacks a capability for
 
@@ -137,7 +137,8 @@ class KvconformPlugin:
         from harness import devices
 
         devices.prepare_triton()  # before any kernel module is imported
-        from harness import findings, fixtures, profiles, results, runner
+        from harness import findings, fixtures, profiles, results
+        from harness.run import session as sessions
         from kvconform import subjects
 
         _check_options(config)
@@ -163,7 +164,7 @@ class KvconformPlugin:
             if config.getoption(f"kvconform_{opt}"):
                 args.append(f"--kvconform-{opt.replace('_', '-')}={config.getoption(f'kvconform_{opt}')}")
         try:
-            session = runner.start(
+            session = sessions.start(
                 subjects.spec(spec), config.getoption("kvconform_release"), contracts, results_dir,
                 regressions, Path(config.getoption("kvconform_known_findings") or findings.DIRECTORY), device,
                 f"{self.run}-{worker or 'main'}", " ".join(shlex.quote(a) for a in args),
@@ -173,7 +174,7 @@ class KvconformPlugin:
             raise pytest.UsageError(str(e)) from None
         session.say = _say(config)
         if worker and config.workerinput.get("kvconform_warming"):
-            session.warming = True
+            self.warming = True
         self.session = session
         # The interpreter computes masked-out rows of a tile too (0/0 there is discarded by the kernel's store mask).
         config.addinivalue_line("filterwarnings", "ignore:invalid value encountered:RuntimeWarning")
@@ -182,12 +183,13 @@ class KvconformPlugin:
     def pytest_configure_node(self, node) -> None:
         """Hand this run's id to a starting xdist worker: its lines belong to the controller's run."""
         node.workerinput["kvconform_run"] = self.run
-        node.workerinput["kvconform_warming"] = self.session.warming is not None
+        node.workerinput["kvconform_warming"] = self.warming is not None
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         from hypothesis import settings
 
-        from harness import profiles, runner
+        from harness import profiles
+        from harness.run import coverage
 
         s = self.session
         n = config.getoption("kvconform_max_examples") or settings.default.max_examples
@@ -195,8 +197,9 @@ class KvconformPlugin:
         return [f"kvconform: subject {s.subject_name} on {s.device}, hypothesis profile "
                 f"{settings.get_current_profile_name()} ({shrink}), seed {s.seed} (--hypothesis-seed={s.seed} draws "
                 "these examples again, live or replayed)",
-                f"kvconform examples per geometry: {runner.plan(s, n)}; stored regressions first"] + [
-            f"kvconform release {r.describe()}" for r in s.releases] + [f"kvconform {line}" for line in s.coverage()]
+                f"kvconform examples per geometry: {coverage.plan(s, n)}; stored regressions first"] + [
+            f"kvconform release {r.describe()}" for r in s.releases] + [
+            f"kvconform {line}" for line in coverage.coverage(s)]
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -206,72 +209,81 @@ class KvconformPlugin:
         if self.worker is not None or not s.device.startswith("cuda") or session.config.option.collectonly:
             return
         from harness import devices
+        from harness.run import warmup
 
-        if s.warm_behind([f"cuda:{i}" for i in range(devices.gpus())], len(os.sched_getaffinity(0))):
+        self.warming = warmup.behind(s, [f"cuda:{i}" for i in range(devices.gpus())], len(os.sched_getaffinity(0)))
+        if self.warming is not None:
             session.config.get_terminal_writer().line("kvconform warm-up: compiling behind the checks that launch "
                                                       "no kernel")
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
-        self.session.workers[node.gateway.id] = getattr(node, "workeroutput", {}).get("kvconform", {})
+        self.session.sink.workers[node.gateway.id] = getattr(node, "workeroutput", {}).get("kvconform", {})
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched) -> None:
         """Name the culprit in a crashed worker's report: the example that poisoned its device."""
-        culprit = self.session.culprit(report.node.gateway.id)
+        culprit = self.session.sink.culprit(report.node.gateway.id)
         if culprit:
             report.longrepr = f"{report.longrepr}\n{culprit}"
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         s = self.session
         if self.worker is not None:
-            session.config.workeroutput["kvconform"] = s.process_report()
+            session.config.workeroutput["kvconform"] = s.sink.process_report(s.device)
             return
-        if not s.workers:
-            s.workers["main"] = s.process_report()
-        if isinstance(s.warming, threading.Thread):
-            s.warming.join()
-        s.write_run()
-        s.merge()
+        if not s.sink.workers:
+            s.sink.workers["main"] = s.sink.process_report(s.device)
+        warming = self._warming()
+        if warming is not None:
+            warming.thread.join()
+        s.sink.write_run([r.release for r in s.releases], warming.warmup if warming is not None else None)
+        s.sink.merge(s.releases)
+
+    def _warming(self):
+        """The warm-up this process started (harness.run.warmup.Warming), if any."""
+        return None if self.warming in (None, True) else self.warming
 
     def pytest_terminal_summary(self, terminalreporter, config: pytest.Config) -> None:
+        from harness.run import coverage
+
         if self.worker is None:
-            for line in self.session.summary():
+            s, warming = self.session, self._warming()
+            for line in s.sink.summary(s.releases, warming.lines() if warming is not None else [],
+                                       coverage.coverage(s)):
                 terminalreporter.write_line(line)
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        from harness import runner
+        from harness.run import regressions, targets
 
         s = self.session
-
         check = _check_of(metafunc.module)
         if check is None:
             return
-        if runner.missing(s, check.needs):  # not generated for this subject: no items, a not-applicable line
+        if s.missing(check.needs):  # not generated for this subject: no items, a not-applicable line
             self.not_applicable.add(check)
             for name in ("target", "release_contracts", "dense_target", "regression"):
                 if name in metafunc.fixturenames:
                     metafunc.parametrize(name, [])
             return
         if "target" in metafunc.fixturenames:
-            targets = runner.targets(s, check)
-            metafunc.parametrize("target", targets, ids=[f"{t.release.release}-{t.geometry}" for t in targets])
+            items = targets.targets(s, check)
+            metafunc.parametrize("target", items, ids=[f"{t.release.release}-{t.geometry}" for t in items])
         if "release_contracts" in metafunc.fixturenames:
             metafunc.parametrize("release_contracts", s.releases, ids=[r.release for r in s.releases])
         if "dense_target" in metafunc.fixturenames:
-            targets = runner.dense_targets(s)
-            metafunc.parametrize("dense_target", targets, ids=[f"{t.release.release}-dense-{t.mode}" for t in targets])
+            items = targets.dense_targets(s)
+            metafunc.parametrize("dense_target", items, ids=[f"{t.release.release}-dense-{t.mode}" for t in items])
         if "regression" in metafunc.fixturenames:
-            stored = runner.regressions(s, check.name)
+            stored = regressions.regressions(s, check.name)
             metafunc.parametrize("regression", stored,
                                  ids=[f"{r.target.release.release}-{r.target.geometry}-{r.digest}" for r in stored])
 
     @pytest.hookimpl(trylast=True)  # after -k / -m: a check the run left out gets no not-applicable line either
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        from harness import runner
+        from harness.run import coverage, targets
 
         s = self.session
-
         # A check with no stored regressions has nothing to replay, a check the subject lacks a capability for does
         # not apply, and a session whose geometries no K/V check covers has no targets (each said in a not-applicable
         # line): no item, rather than a placeholder skip.
@@ -281,13 +293,13 @@ class KvconformPlugin:
                  any("empty parameter set" in str(m.kwargs.get("reason", "")) for m in i.iter_markers("skip"))]
         if self.worker in (None, "gw0") and not config.option.collectonly:  # one process records them
             for check in dict.fromkeys(ours[i] for i in empty if ours[i] in na):
-                runner.record_not_applicable(s, check)
-            runner.record_outside(s)
+                coverage.record_not_applicable(s, check)
+            coverage.record_outside(s)
         if empty:
             config.hook.pytest_deselected(items=empty)
             items[:] = [i for i in items if i not in empty]
         kept = sorted((i for i in items if i in ours),
-                      key=lambda i: runner.order(ours[i], "regression" in getattr(i, "fixturenames", ())))
+                      key=lambda i: targets.order(ours[i], "regression" in getattr(i, "fixturenames", ())))
         items[:] = kept + [i for i in items if i not in ours]
 
     @pytest.fixture
@@ -340,40 +352,55 @@ def _check_of(module) -> object | None:
 
 
 class Conformance:
-    """The runner for one pytest item: runs a check and turns how it settled into pytest's words (a known finding
-    an xfail, examples not run or unsupported a skip, a lost device the end of this process)."""
+    """One pytest item's way into the library: runs a check (harness.run.loop) and turns how it settled into
+    pytest's words (a known finding an xfail, examples not run or unsupported a skip, a lost device the end of this
+    process); records a whole item's or release's outcome."""
 
     def __init__(self, plugin: KvconformPlugin, request: pytest.FixtureRequest):
-        from harness import runner
+        from harness import compiles
+        from harness.run import loop
 
         self.worker = plugin.worker
-        s = plugin.session
+        self.session = s = plugin.session
         node = request.node.nodeid.split("[")[0].removesuffix("_regression") + "_regression"
         timeout = limits.item_limit(request.config.getoption("kvconform_timeout"), s.device)
         check = _check_of(request.module)
-        if check is not None and check.kernels:
+        if check is not None and check.kernels and plugin.warming is not None:
             try:
-                s.await_warmup(timeout)
+                compiles.await_warmup(s.run, timeout)
             except TimeoutError as e:
                 pytest.fail(f"timeout: {request.node.nodeid}: {e} (a harness limit, --kvconform-timeout)",
                             pytrace=False)
-        self.runner = runner.Runner(s, f"pytest {node}", request.config.getoption("kvconform_max_examples"),
-                                    request.node.nodeid, timeout)
+        self.loop = loop.Loop(s, f"pytest {node}", request.config.getoption("kvconform_max_examples"),
+                              request.node.nodeid, timeout)
 
-    def __getattr__(self, name: str):
-        return getattr(self.runner, name)  # the runner's helpers and recorders, as the checks call them
+    def run(self, target, check, fn) -> None:
+        """Run `check`'s function `fn` over examples of `target`."""
+        self._settle(self._guard(self.loop.run, target, check, fn))
 
-    def run(self, *args, **kwargs) -> None:
-        self._settle(self._guard(self.runner.run, *args, **kwargs))
+    def replay(self, regression, check, fn) -> None:
+        """Run `fn` over one kept failing example."""
+        self._settle(self._guard(self.loop.replay, regression, check, fn))
 
-    def replay(self, *args, **kwargs) -> None:
-        self._settle(self._guard(self.runner.replay, *args, **kwargs))
+    def record_target(self, target, check, word, diagnosis: str = "") -> None:
+        """Record an outcome of a whole (release, geometry) item, e.g. a check that cannot run here."""
+        from harness.run import loop
+        from harness.run.trial import Outcome
 
-    def _guard(self, fn, *args, **kwargs):
-        from harness.runner import DeviceLost, TimedOut
+        loop.record_target(self.session, target, check, Outcome(word, diagnosis))
+
+    def record_release(self, r, check, word, diagnosis: str = "") -> str:
+        """Record a whole-release outcome; the known finding's id if one predicts it."""
+        from harness.run import loop
+        from harness.run.trial import Outcome
+
+        return loop.record_release(self.session, r, check, Outcome(word, diagnosis))
+
+    def _guard(self, fn, *args):
+        from harness.run.loop import DeviceLost, TimedOut
 
         try:
-            return fn(*args, **kwargs)
+            return fn(*args)
         except TimedOut as e:
             pytest.fail(str(e), pytrace=False)
         except DeviceLost as e:
@@ -388,5 +415,5 @@ class Conformance:
         if state.not_run:
             pytest.skip(f"not run on {'; '.join(sorted(state.not_run))}")
         if state.ran == 0 and state.unsupported:
-            pytest.skip(f"{self.runner.s.subject_name} supports none of the examples: "
+            pytest.skip(f"{self.session.subject_name} supports none of the examples: "
                         f"{'; '.join(sorted(state.unsupported))}")

@@ -21,7 +21,8 @@ if not torch.cuda.is_available():
 
 from hypothesis import settings  # noqa: E402
 
-from harness import checks, findings, fixtures, profiles, runner  # noqa: E402
+from harness import checks, findings, fixtures, profiles, strategies  # noqa: E402
+from harness.run import loop, session as sessions, targets as targeting, trial  # noqa: E402
 from kvconform.suites import test_malformed, test_relayout, test_split  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
@@ -40,7 +41,7 @@ def ci():
 
 
 def _session(tmp_path, subject, *releases):
-    s = runner.start("builtin", list(releases), fixtures.ROOT, tmp_path / "results", tmp_path / "regressions",
+    s = sessions.start("builtin", list(releases), fixtures.ROOT, tmp_path / "results", tmp_path / "regressions",
                      findings.DIRECTORY, "cpu", "test-main", "")
     return dataclasses.replace(s, subject=subject, subject_name=subject.name,
                                capabilities=frozenset(subject.capabilities))
@@ -72,20 +73,20 @@ SPELLINGS = {
 
 def _malformed(tmp_path, subject):
     s = _session(tmp_path, subject, "0.25.1")
-    target = next(t for t in runner.targets(s, checks.REJECTS_MALFORMED) if t.contract.family == "blocks-first")
-    return runner.Runner(s, "t", 1).run(target, checks.REJECTS_MALFORMED, test_malformed.check)
+    target = next(t for t in targeting.targets(s, checks.REJECTS_MALFORMED) if t.contract.family == "blocks-first")
+    return loop.Loop(s, "t", 1).run(target, checks.REJECTS_MALFORMED, test_malformed.check)
 
 
 @pytest.mark.parametrize("spelling", list(SPELLINGS))
 def test_a_refusal_naming_the_shape_in_any_spelling_rejects_the_malformed_cache(tmp_path, ci, spelling):
     settled = _malformed(tmp_path, Raising(SPELLINGS[spelling]))
-    explicit = len(checks.resolve(checks.REJECTS_MALFORMED.explicit)(runner.targets(
-        _session(tmp_path, Raising(SPELLINGS[spelling]), "0.25.1"))[0].contract, runner.CPU))
+    explicit = len(checks.resolve(checks.REJECTS_MALFORMED.explicit)(targeting.targets(
+        _session(tmp_path, Raising(SPELLINGS[spelling]), "0.25.1"))[0].contract, strategies.CPU))
     assert settled.ran == checks.CHEAP_FACTOR + explicit and settled.failure is None
 
 
 def test_a_refusal_naming_no_shape_is_accepted_with_what_it_should_name(tmp_path, ci):
-    with pytest.raises(runner.NewFinding) as e:
+    with pytest.raises(loop.NewFinding) as e:
         _malformed(tmp_path, Raising(lambda t: Custom("wrong cache")))
     first = str(e.value).splitlines()[0]
     assert first.startswith("accepted: ") and "Custom raised without naming the shape as (" in first, first
@@ -102,8 +103,8 @@ class ThreeViews(offloader.Offloader):
 
 def test_a_split_of_the_wrong_arity_is_a_subject_error_naming_what_it_returned(tmp_path, ci):
     s = _session(tmp_path, ThreeViews(), "0.25.1")
-    with pytest.raises(runner.NewFinding) as e:
-        runner.Runner(s, "t", 1).run(runner.targets(s)[0], checks.SPLIT_AGREES, test_split.check)
+    with pytest.raises(loop.NewFinding) as e:
+        loop.Loop(s, "t", 1).run(targeting.targets(s)[0], checks.SPLIT_AGREES, test_split.check)
     assert str(e.value).startswith("subject-error: split of kv_cache (") and \
         "returned a tuple of 3 (Tensor, Tensor, Tensor), not a (K, V) pair of tensors" in str(e.value)
 
@@ -125,12 +126,12 @@ class SizeOneStride(offloader.Offloader):
 
 def test_split_agrees_ignores_the_stride_of_an_axis_of_size_1_and_no_other(tmp_path, ci):
     s = _session(tmp_path, SizeOneStride(), "0.25.1")
-    target = runner.targets(s)[0]
-    run = runner.Runner(s, "t", 2)
+    target = targeting.targets(s)[0]
+    run = loop.Loop(s, "t", 2)
     assert run.run(target, checks.SPLIT_AGREES, test_split.check).failure is None
     SizeOneStride.shift = 1
     try:
-        with pytest.raises(runner.NewFinding, match="K view .*stride"):
+        with pytest.raises(loop.NewFinding, match="K view .*stride"):
             run.run(target, checks.SPLIT_AGREES, test_split.check)
     finally:
         SizeOneStride.shift = 0
@@ -153,8 +154,8 @@ def test_every_check_that_hands_over_a_cache_asks_supports_layer_first(tmp_path,
     s = _session(tmp_path, RefusesFp8(), "0.25.1")
     fn = {checks.SPLIT_AGREES: test_split.check, checks.REJECTS_MALFORMED: test_malformed.check,
           checks.TRANSFER: __import__("kvconform.suites.test_transfer", fromlist=["check"]).check}[check]
-    target = next(t for t in runner.targets(s, check) if t.contract.cache_dtype == "fp8_e4m3")
-    settled = runner.Runner(s, "t", 1).run(target, check, fn)
+    target = next(t for t in targeting.targets(s, check) if t.contract.cache_dtype == "fp8_e4m3")
+    settled = loop.Loop(s, "t", 1).run(target, check, fn)
     assert settled.ran == 0 and settled.unsupported == {"no fp8 caches"}
     assert all(c.hands_cache for c in checks.CHECKS if c.needs & {"split", "transfer"})
     assert not checks.ORACLE.hands_cache and checks.ORACLE.asks_case and not checks.SPLIT_AGREES.asks_case
@@ -185,9 +186,9 @@ class WritesThenRefuses(RefusesOtherSettings):
 
 def _relayout(tmp_path, subject):
     s = _session(tmp_path, subject, "0.25.1")
-    target = next(t for t in runner.targets(s, checks.RELAYOUT)
+    target = next(t for t in targeting.targets(s, checks.RELAYOUT)
                   if t.contract.name == "blocks-first:B.KV.N.H.D" and t.peer.name == "blocks-first:B.KV.H.N.D")
-    return runner.Runner(s, "t", 1).run(target, checks.RELAYOUT, test_relayout.check)
+    return loop.Loop(s, "t", 1).run(target, checks.RELAYOUT, test_relayout.check)
 
 
 def test_relayout_passes_a_refusal_that_writes_nothing_and_values_moved_through_views(tmp_path, ci):
@@ -199,13 +200,13 @@ def test_relayout_passes_a_refusal_that_writes_nothing_and_values_moved_through_
 
 
 def test_relayout_fails_a_refusal_that_wrote_first(tmp_path, ci):
-    with pytest.raises(runner.NewFinding, match="inject raised ValueError .* after writing 1 elements"):
+    with pytest.raises(loop.NewFinding, match="inject raised ValueError .* after writing 1 elements"):
         _relayout(tmp_path, WritesThenRefuses())
 
 
 def test_relayout_targets_pair_every_setting_of_a_backend_in_a_cycle(tmp_path):
     s = _session(tmp_path, offloader.Offloader(), "0.33.0")
-    pairs = [(t.contract.name, t.peer.name) for t in runner.targets(s, checks.RELAYOUT)]
+    pairs = [(t.contract.name, t.peer.name) for t in targeting.targets(s, checks.RELAYOUT)]
     flash = [p for p in pairs if p[0].startswith("packed:") and "@" not in p[0] and "+" not in p[0]]
     sources, targets = [a for a, _ in flash], [b for _, b in flash]
     assert sorted(sources) == sorted(targets) and len(set(sources)) == len(sources) == 9, flash
@@ -215,12 +216,12 @@ def test_relayout_targets_pair_every_setting_of_a_backend_in_a_cycle(tmp_path):
 
 def test_an_items_seed_depends_on_the_check_release_and_geometry_alone(tmp_path):
     s = _session(tmp_path, offloader.Offloader(), "0.25.1")
-    a, b = runner.targets(s)[:2]
-    assert runner.item_seed(0, "split-agrees", a) == runner.item_seed(0, "split-agrees", dataclasses.replace(a))
-    assert len({runner.item_seed(0, "split-agrees", a), runner.item_seed(1, "split-agrees", a),
-                runner.item_seed(0, "transfer", a), runner.item_seed(0, "split-agrees", b)}) == 4
+    a, b = targeting.targets(s)[:2]
+    assert targeting.item_seed(0, "split-agrees", a) == targeting.item_seed(0, "split-agrees", dataclasses.replace(a))
+    assert len({targeting.item_seed(0, "split-agrees", a), targeting.item_seed(1, "split-agrees", a),
+                targeting.item_seed(0, "transfer", a), targeting.item_seed(0, "split-agrees", b)}) == 4
     live = dataclasses.replace(a, release=dataclasses.replace(a.release, source="live", recording=None))
-    assert runner.item_seed(0, "split-agrees", live) == runner.item_seed(0, "split-agrees", a)
+    assert targeting.item_seed(0, "split-agrees", live) == targeting.item_seed(0, "split-agrees", a)
 
 
 def _pytest(cwd: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -293,14 +294,14 @@ def test_regressions_of_a_subject_not_kvconforms_own_go_to_the_results_folder(tm
 
 
 def _drawn(tmp_path, session):
-    target = next(t for t in runner.targets(session, checks.REJECTS_MALFORMED) if t.contract.cache_dtype == "fp8_e4m3")
+    target = next(t for t in targeting.targets(session, checks.REJECTS_MALFORMED) if t.contract.cache_dtype == "fp8_e4m3")
     seen = []
 
-    def record(run, ex, extra):
-        seen.append(ex.digest())
-        return run.outcome("rejected")
+    def record(t):
+        seen.append(t.example.digest())
+        return trial.Outcome("rejected")
 
-    runner.Runner(session, "t", 60).run(target, checks.REJECTS_MALFORMED, record)
+    loop.Loop(session, "t", 60).run(target, checks.REJECTS_MALFORMED, record)
     return seen
 
 

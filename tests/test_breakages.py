@@ -22,10 +22,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported (harness.compiles imports it)
 
-from harness import checks, findings, fixtures, runner  # noqa: E402
+from harness import checks, findings, fixtures  # noqa: E402
+from harness.run import loop, session as sessions, targets as targeting  # noqa: E402
+from harness.run.regressions import Regression  # noqa: E402
 from harness.cases import Case  # noqa: E402
 from harness.layer import Layer  # noqa: E402
-from harness.runner import NewFinding, Regression  # noqa: E402
+
 from harness.strategies import Example  # noqa: E402
 from kvconform.suites import test_relayout, test_split, test_transfer  # noqa: E402
 
@@ -119,7 +121,7 @@ TWINS = {lmcache_4463.StatedLayout: checks.SPLIT_AGREES, flexkv_187.AskedKVAxis:
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("breakages")
-    return runner.start("builtin", ["recorded"], fixtures.ROOT, tmp / "results", tmp / "regressions",
+    return sessions.start("builtin", ["recorded"], fixtures.ROOT, tmp / "results", tmp / "regressions",
                         findings.DIRECTORY, "cpu", "test", "")
 
 
@@ -137,15 +139,14 @@ def _verdicts(session, subject, check, sizes=SIZES):
                             capabilities=frozenset({"split", "transfer"}))
     rule = RULES.get((subject, check), lambda *_: False)
     out = {}
-    for target in runner.targets(s, check):
-        run = runner.Runner(s, "test")
+    for target in targeting.targets(s, check):
+        runs = loop.Loop(s, "test")
         for ex in _examples(target, sizes):
-            run.running(target, check.name, ex, 0)
-            layer = run.layer(ex)
+            layer = runs.trial(target, check.name, ex, 0).layer
             try:
-                run.replay(Regression(target, ex, 0, ex.digest()), check, SUITES[check])
+                runs.replay(Regression(target, ex, 0, ex.digest()), check, SUITES[check])
                 caught = False
-            except NewFinding:
+            except loop.NewFinding:
                 caught = True
             out[(target.release.release, target.geometry, ex.case.kv_heads, ex.num_blocks)] = (
                 caught, bool(rule(layer, target.contract, ex.dims, target.peer)))

@@ -18,7 +18,8 @@ import pytest  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from harness import checks, compiles, findings, fixtures, runner  # noqa: E402
+from harness import checks, compiles, findings, fixtures  # noqa: E402
+from harness.run import session as sessions, targets as targeting, warmup  # noqa: E402
 from harness.cases import Case  # noqa: E402
 from harness.contract import families  # noqa: E402
 from harness.strategies import CPU, GPU, examples, warmup_shards  # noqa: E402
@@ -79,13 +80,13 @@ def launches():
 def session(tmp_path_factory):
     """A session over every recording (every backend and cache dtype): what the warm-up and the examples meet."""
     d = tmp_path_factory.mktemp("session")
-    return runner.start("builtin", ["recorded"], fixtures.ROOT, d, d, findings.DIRECTORY, "cpu", "test", "")
+    return sessions.start("builtin", ["recorded"], fixtures.ROOT, d, d, findings.DIRECTORY, "cpu", "test", "")
 
 
 @pytest.fixture(scope="module")
 def warmed(session, launches):
     """What the session warm-up compiles, per device's sizes: the launches of its cases in its geometries."""
-    contracts = session.warm_contracts()
+    contracts = warmup.warm_contracts(session)
     return {sizes: frozenset().union(*(launches(case, contract, *compiles.warm_paging(case))
                                        for shard in warmup_shards(SIZES[sizes]) for case in shard
                                        if SUBJECT.supports(case) is None
@@ -96,7 +97,7 @@ def warmed(session, launches):
 @pytest.fixture(scope="module")
 def read(session):
     """Every geometry of every recording the subject reads, as the forward checks take them."""
-    return [t.contract for t in runner.targets(session, checks.BIT_IDENTITY)
+    return [t.contract for t in targeting.targets(session, checks.BIT_IDENTITY)
             if session.supports(t.release, t.contract) is None]
 
 
@@ -104,11 +105,11 @@ SIZES = {"gpu": GPU, "cpu": CPU}
 
 
 def test_the_warm_up_covers_every_cache_dtype_the_subject_reads(session):
-    read = {t.contract.cache_dtype for t in runner.targets(session, checks.BIT_IDENTITY)
+    read = {t.contract.cache_dtype for t in targeting.targets(session, checks.BIT_IDENTITY)
             if session.supports(t.release, t.contract) is None}
-    assert len(read) > 1 and {c.cache_dtype for c in session.warm_contracts()} <= read
-    assert {c.dtype.view for c in session.warm_contracts()} == {
-        t.contract.dtype.view for t in runner.targets(session, checks.BIT_IDENTITY) if t.contract.cache_dtype in read}
+    assert len(read) > 1 and {c.cache_dtype for c in warmup.warm_contracts(session)} <= read
+    assert {c.dtype.view for c in warmup.warm_contracts(session)} == {
+        t.contract.dtype.view for t in targeting.targets(session, checks.BIT_IDENTITY) if t.contract.cache_dtype in read}
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
@@ -126,7 +127,7 @@ def test_the_warm_up_compiles_every_variant_drawn_examples_launch(read, launches
 @pytest.mark.parametrize("sizes", sorted(SIZES))
 def test_the_warm_up_compiles_every_variant_the_explicit_examples_launch(session, launches, warmed, sizes):
     # The ambiguous examples every forward check runs first, in each geometry of every recording the subject reads.
-    contracts = {t.contract.name: t.contract for t in runner.targets(session, checks.BIT_IDENTITY)
+    contracts = {t.contract.name: t.contract for t in targeting.targets(session, checks.BIT_IDENTITY)
                  if session.supports(t.release, t.contract) is None}
     ran = 0
     for check in (c for c in checks.CHECKS if c.kernels and c.explicit):
@@ -242,12 +243,14 @@ def test_unspecialised_strides_still_give_vectorised_loads():
 def test_the_warm_up_runs_behind_and_kernel_items_wait_for_its_end(tmp_path, monkeypatch):
     monkeypatch.setattr(compiles.triton.knobs.cache, "dir", str(tmp_path / "triton"))
     small = [[c for c in shard if max(c.kv_lens) <= 32][:1] for shard in warmup_shards(CPU)[:2]]
-    monkeypatch.setattr(runner, "warmup_shards", lambda sizes: small)
-    s = runner.start("builtin", ["0.25.1"], fixtures.ROOT, tmp_path, tmp_path, findings.DIRECTORY, "cpu", "w", "",
+    monkeypatch.setattr(warmup, "warmup_shards", lambda sizes: small)
+    s = sessions.start("builtin", ["0.25.1"], fixtures.ROOT, tmp_path, tmp_path, findings.DIRECTORY, "cpu", "w", "",
                      run="behind")
-    assert s.warm_behind(["cpu"], 1) and s.warming.is_alive()  # returned before the warm-up ended
-    s.await_warmup(120)
-    assert not s.warming.is_alive() and s.warmup.cases == sum(map(len, small)) * len(s.warm_contracts()) > 1
-    assert any(line == f"kvconform {s.warmup.describe()}" for line in s.summary())
+    warming = warmup.behind(s, ["cpu"], 1)
+    assert warming is not None and warming.thread.is_alive()  # returned before the warm-up ended
+    compiles.await_warmup(s.run, 120)
+    assert not warming.thread.is_alive()
+    assert warming.warmup.cases == sum(map(len, small)) * len(warmup.warm_contracts(s)) > 1
+    assert any(line == f"kvconform {warming.warmup.describe()}" for line in s.sink.summary(s.releases, warming.lines(), []))
     with pytest.raises(TimeoutError, match="run never did not end within 0.5 s"):
         compiles.await_warmup("never", 0.5)

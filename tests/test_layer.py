@@ -2,6 +2,7 @@
 reading of it gives back every recorded contract; consumers written as real ones decide (examples/offloader.py) are
 right and wrong exactly where their rules say; a subject of the contract protocol is refused in one line."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import torch
 
 from hypothesis import settings
 
-from harness import fixtures, profiles, results, runner
+from harness import findings, fixtures, profiles, results
+from harness.run import loop, releases, session as sessions, targets as targeting
 from harness.contract import ContractError, Dims
 from harness.layer import contract_of, in_force, layer_for, setting_of
 from harness.results import Word
@@ -23,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import offloader  # noqa: E402
 
 profiles.register()
-RELEASES = {name: runner.load_release(name, fixtures.ROOT) for name in fixtures.releases()}
+RELEASES = {name: releases.load_release(name, fixtures.ROOT) for name in fixtures.releases()}
 # Every recorded K/V geometry, once per release, with the setting it was first read under.
 GEOMETRIES = [(r, c) for r in RELEASES.values() for c in dict.fromkeys(c for c in r.contracts if not c.latent)]
 
@@ -45,7 +47,7 @@ def test_reading_the_layer_through_the_api_gives_every_recorded_contract():
     assert len(GEOMETRIES) > 500
     wrong = []
     for r, c in GEOMETRIES:
-        got = contract_of(runner.layer_of(r, c, _dims(c), torch.bfloat16))
+        got = contract_of(sessions.layer_of(r, c, _dims(c), torch.bfloat16))
         if (got.logical, got.physical, got.cache_dtype, got.diff_kv) != (c.logical, c.physical, c.cache_dtype,
                                                                          c.diff_kv):
             wrong.append(f"{r.release} {c.origin}: {got.name} != {c.name}")
@@ -56,7 +58,7 @@ def test_a_layer_under_another_setting_reads_another_layout():
     # The check can fail: the same cache told the other stride-order setting is read in the other order.
     r = RELEASES["0.25.1"]
     c = next(c for c in r.contracts if str(c.origin).endswith("FLASH_ATTN HND"))
-    layer = runner.layer_of(r, c, _dims(c), torch.float16)
+    layer = sessions.layer_of(r, c, _dims(c), torch.float16)
     import dataclasses
 
     assert contract_of(layer) == c
@@ -66,7 +68,7 @@ def test_a_layer_under_another_setting_reads_another_layout():
 def test_in_force_serves_the_release_modules_and_its_setting():
     r = RELEASES["0.25.1"]
     c = next(c for c in r.contracts if str(c.origin).endswith("FLASH_ATTN HND"))
-    layer = runner.layer_of(r, c, _dims(c), torch.float16)
+    layer = sessions.layer_of(r, c, _dims(c), torch.float16)
     with in_force(layer):
         from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
 
@@ -91,7 +93,7 @@ def test_an_unknown_recorded_setting_is_refused_by_name():
 
 def _wrong(subject, r, c, dims: Dims) -> bool:
     kv = c.allocate(dims, torch.bfloat16)
-    layer = runner.layer_of(r, c, dims, torch.bfloat16)
+    layer = sessions.layer_of(r, c, dims, torch.bfloat16)
     try:
         with in_force(layer):
             got = subject.split(kv, layer)
@@ -156,11 +158,10 @@ def diff_kv_session(tmp_path):
     settings.load_profile("kvconform-ci")
 
     def start(subject):
-        s = runner.start("offloader:Offloader", ["0.17.1", "0.33.0"], fixtures.ROOT, tmp_path / "results",
-                         tmp_path / "regressions", runner.findings.DIRECTORY, "cpu", "test-main", "",
+        s = sessions.start("offloader:Offloader", ["0.17.1", "0.33.0"], fixtures.ROOT, tmp_path / "results",
+                         tmp_path / "regressions", findings.DIRECTORY, "cpu", "test-main", "",
                          ("FLASH_ATTN_DIFFKV",))
-        s.subject, s.subject_name = subject, subject.name
-        return s
+        return dataclasses.replace(s, subject=subject, subject_name=subject.name)
 
     yield start
     settings.load_profile(before)
@@ -179,16 +180,16 @@ class StacksKV(offloader.Offloader):
 def _caught(s, suite) -> dict[tuple[str, str], str]:
     """Each target of `suite`'s check that the runner finds a new finding on, with its message."""
     caught = {}
-    for t in runner.targets(s, suite.CHECK):
+    for t in targeting.targets(s, suite.CHECK):
         try:
-            runner.Runner(s, "pytest x", 1).run(t, suite.CHECK, suite.check)
-        except runner.NewFinding as e:
+            loop.Loop(s, "pytest x", 1).run(t, suite.CHECK, suite.check)
+        except loop.NewFinding as e:
             caught[t.release.release, t.geometry] = str(e)
     return caught
 
 
 def _diff_kv_geometries(s, suite) -> set[tuple[str, str]]:
-    got = {(t.release.release, t.geometry) for t in runner.targets(s, suite.CHECK)}
+    got = {(t.release.release, t.geometry) for t in targeting.targets(s, suite.CHECK)}
     assert len(got) > 10 and all(g.endswith(("+diffkv", "+diffkv@fp8_e4m3")) for _, g in got)
     return got
 
@@ -253,7 +254,7 @@ def test_a_subject_of_the_contract_protocol_gets_one_line_naming_the_layer_proto
 def test_a_consumer_meets_every_cache_and_a_kernel_says_what_it_does_not_read():
     r = RELEASES["0.33.0"]
     c = next(c for c in r.contracts if c.cache_dtype == "nvfp4")
-    layer = runner.layer_of(r, c, _dims(c), torch.bfloat16)
-    assert runner.supports_layer(offloader.Offloader(), "o", layer, frozenset({"split", "transfer"})) is None
-    why = runner.supports_layer(object(), "k", layer, frozenset({"split", "forward"}))
+    layer = sessions.layer_of(r, c, _dims(c), torch.bfloat16)
+    assert sessions.supports_layer(offloader.Offloader(), "o", layer, frozenset({"split", "transfer"})) is None
+    why = sessions.supports_layer(object(), "k", layer, frozenset({"split", "forward"}))
     assert why and "nvfp4" in why and "supports_layer" in why

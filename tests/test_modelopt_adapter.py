@@ -439,16 +439,17 @@ def test_autotune_is_declared_only_where_the_autotuner_can_time_its_candidates()
 
 FIRST_CALL_IN_A_REPLAYED_LAYER = """
 import torch
-from harness import fixtures, runner
+from harness import contract, fixtures
+from harness.run import releases, session as sessions
 from harness.layer import in_force
 from kvconform.subjects.modelopt import ModeloptSubject
 
 subject = ModeloptSubject()  # modelopt is first imported inside the calls below, under their releases' stand-ins
 for release in ("0.25.1", "0.29.0"):
-    r = runner.load_release(release, fixtures.ROOT)
+    r = releases.load_release(release, fixtures.ROOT)
     c = next(c for c in r.contracts if c.origin.backend_name == "FLASH_ATTN" and c.cache_dtype == "auto")
-    dims = runner.Dims(3, 16, 2, 32, 3 if c.shared else 1, 1 if c.shared else 0)
-    layer = runner.layer_of(r, c, dims, torch.float16)
+    dims = contract.Dims(3, 16, 2, 32, 3 if c.shared else 1, 1 if c.shared else 0)
+    layer = sessions.layer_of(r, c, dims, torch.float16)
     kv = c.allocate(dims, torch.float16)
     with in_force(layer):
         try:

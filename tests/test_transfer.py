@@ -17,7 +17,8 @@ if not torch.cuda.is_available():
 
 from hypothesis import settings  # noqa: E402
 
-from harness import profiles, runner, transfer  # noqa: E402
+from harness import contract, findings, fixtures, profiles, strategies, transfer  # noqa: E402
+from harness.run import loop, session as sessions, targets as targeting, trial  # noqa: E402
 from harness.layer import views  # noqa: E402
 from harness.results import Word  # noqa: E402
 from kvconform.suites import test_transfer as transfer_check  # noqa: E402
@@ -70,25 +71,23 @@ def session(tmp_path):
     settings.load_profile("kvconform-ci")
 
     def start(subject):
-        s = runner.start(subject if isinstance(subject, str) else "offloader:Offloader", list(FAMILIES),
-                         runner.fixtures.ROOT, tmp_path / "results", tmp_path / "regressions",
-                         runner.findings.DIRECTORY, "cpu", "test-main", "", ("FLASH_ATTN",), ("auto",))
-        if not isinstance(subject, str):
-            s.subject, s.subject_name = subject, subject.name
-        return s
+        s = sessions.start(subject if isinstance(subject, str) else "offloader:Offloader", list(FAMILIES),
+                         fixtures.ROOT, tmp_path / "results", tmp_path / "regressions",
+                         findings.DIRECTORY, "cpu", "test-main", "", ("FLASH_ATTN",), ("auto",))
+        return s if isinstance(subject, str) else dataclasses.replace(s, subject=subject, subject_name=subject.name)
 
     yield start
     settings.load_profile(before)
 
 
 def _check(s, t, ex, seed):
-    return transfer_check.check(runner.Runner(s, "pytest x").running(t, transfer_check.CHECK.name, ex, seed), ex, seed)
+    return transfer_check.check(loop.Loop(s, "pytest x").trial(t, transfer_check.CHECK.name, ex, seed))
 
 
 def _grid(s):
     """Every geometry of the three releases at num_blocks 2, 3 and 5: the outcome of each explicit example."""
     out = {}
-    for t in runner.targets(s):
+    for t in targeting.targets(s):
         for blocks in (2, 3, 5):
             for ex, seed in transfer.explicit(t.contract, s.sizes):
                 if ex.case.blocks_needed() <= blocks:
@@ -100,8 +99,8 @@ def _grid(s):
 def test_block_ids_move_every_block_to_another_one():
     for blocks in (2, 3, 7):
         for seed in range(30):
-            ex = transfer.explicit(runner.Contract(("KV", "B", "N", "H", "D"), ("KV", "B", "N", "H", "D")),
-                                   runner.CPU)[0][0]
+            ex = transfer.explicit(contract.Contract(("KV", "B", "N", "H", "D"), ("KV", "B", "N", "H", "D")),
+                                   strategies.CPU)[0][0]
             ex = dataclasses.replace(ex, num_blocks=blocks, page_seed=seed)
             src, dst = transfer.block_ids(ex.paging(), blocks, seed)
             assert src and len(set(dst)) == len(dst) and all(s != d for s, d in zip(src, dst))
@@ -110,7 +109,7 @@ def test_block_ids_move_every_block_to_another_one():
 
 def test_the_explicit_examples_are_two_and_three_pages_on_every_geometry(session):
     s = session("offloader:Offloader")
-    for t in runner.targets(s):
+    for t in targeting.targets(s):
         got = [(ex.num_blocks, ex.case.blocks_needed()) for ex, _ in transfer.explicit(t.contract, s.sizes)]
         assert got == [(2, 2), (3, 1)]
 
@@ -131,13 +130,13 @@ def test_shape_sniffing_is_wrong_exactly_on_blocks_first_with_two_blocks(session
 def test_the_runner_catches_shape_sniffing_with_a_repro_at_two_blocks_and_passes_the_rest(session):
     s = session("offloader:ShapeSniffingReader")
     caught = {}
-    for t in runner.targets(s):
-        r = runner.Runner(s, "pytest conformance/test_transfer.py::test_transfer_regression", 1)
+    for t in targeting.targets(s):
+        r = loop.Loop(s, "pytest conformance/test_transfer.py::test_transfer_regression", 1)
         try:
             r.run(t, transfer_check.CHECK, transfer_check.check)
-        except runner.NewFinding as e:
+        except loop.NewFinding as e:
             caught[t.geometry, t.release.release] = str(e).splitlines()[-1]
-    assert {g for g, _ in caught} == {t.geometry for t in runner.targets(s) if t.contract.family == "blocks-first"}
+    assert {g for g, _ in caught} == {t.geometry for t in targeting.targets(s) if t.contract.family == "blocks-first"}
     for repro in caught.values():
         assert repro.startswith("REPRO transfer release=0.25.1 (replay) geometry=blocks-first:")
         assert " num_blocks=2 " in repro
@@ -162,9 +161,9 @@ def test_a_broken_transfer_differs(session, subject, says):
 
 def test_what_the_subject_raises_is_a_subject_error(session):
     s = session(Raises())
-    t = runner.targets(s)[0]
+    t = targeting.targets(s)[0]
     ex, seed = transfer.explicit(t.contract, s.sizes)[0]
-    with pytest.raises(runner.Verdict) as e:
+    with pytest.raises(trial.Verdict) as e:
         _check(s, t, ex, seed)
     assert e.value.outcome.word is Word.SUBJECT_ERROR and "connector closed" in e.value.outcome.diagnosis
 

@@ -1,0 +1,116 @@
+"""What a run checks of each release and what it leaves out, said in the run's header and summary, and in
+not-applicable lines for what no item takes."""
+
+from __future__ import annotations
+
+from harness import checks
+from harness.checks import Check
+from harness.contract import Contract
+from harness.results import Word
+from harness.run.session import Session
+from harness.run.targets import examples_per_item, outside, targets
+from harness.cases import SPARSITY_MODES
+from harness.subjects import FORWARD
+from harness.words import count
+
+
+def coverage(session: Session) -> list[str]:
+    """Per release, what of its recorded contracts this run checks and what it leaves out, with counts and why
+    (the backends and cache dtypes asked for, the subject's own `backends`, caches no K/V check takes, what its
+    supports_layer refuses); then the checks the subject declares no capability for."""
+    s = session
+    served = getattr(s.subject, "backends", None)
+    out = []
+    for r in s.releases:
+        left: dict[str, list[Contract]] = {}
+        for c in r.contracts:
+            b = c.origin.backend_name
+            why = ("not asked for (--kvconform-backend)" if s.backends and b not in s.backends else
+                   f"not among the backends {s.subject_name} names ({', '.join(served)})"
+                   if served is not None and b not in served else
+                   "cache dtype not asked for (--kvconform-cache-dtype)"
+                   if s.cache_dtypes and c.cache_dtype not in s.cache_dtypes else "")
+            if why:
+                left.setdefault(why, []).append(c)
+        chosen = dict.fromkeys(t.contract for t in targets(s) if t.release is r)
+        refused: dict[str, list[str]] = {}
+        for c in chosen:
+            reason = s.supports(r, c)
+            if reason:
+                refused.setdefault(reason, []).append(c.name)
+        checked = sum(1 for c in r.contracts if s.selects(c))
+        parts = [f"{count(len(cs), 'contract')} of {_count_by(c.origin.backend_name for c in cs)}: {why}"
+                 for why, cs in left.items()]
+        parts += [f"{count(len(names), 'geometry')} ({_listed(names)}): {reason}"
+                  for reason, names in left_out(s, r).items()]
+        parts += [f"{count(len(names), 'geometry')} ({_listed(names)}): unsupported, by its supports_layer: "
+                  f"{reason}" for reason, names in refused.items()]
+        line = (f"{r.release}: {s.subject_name} selects {checked} of its {len(r.contracts)} contracts "
+                f"({count(len(chosen), 'geometry')})")
+        out.append(line + ("; not checked: " + "; ".join(parts) if parts else "; every one is checked"))
+    lacking = [c.name for c in checks.CHECKS if c.module and c.needs and s.missing(c.needs)]
+    if lacking:
+        out.append(f"{s.subject_name} declares {', '.join(sorted(s.capabilities))}: {', '.join(lacking)} "
+                   "need more (one not-applicable line per release each)")
+    return out
+
+
+def left_out(session: Session, r) -> dict[str, list[str]]:
+    """The selected geometries of release `r` that no K/V check of this subject takes, by why."""
+    kernels = FORWARD in session.capabilities
+    why: dict[str, list[str]] = {}
+    for c in dict.fromkeys(c for c in r.contracts if session.selects(c)):
+        reason = outside(c, session.sizes) or (outside(c, session.sizes, checks.BIT_IDENTITY) if kernels else "")
+        if reason:
+            why.setdefault(reason, []).append(c.name)
+    return why
+
+
+def plan(session: Session, max_examples: int) -> str:
+    """The examples each geometry gets per check in this session, as the items will draw them."""
+    sample = next(iter(targets(session)), None)
+    parts = []
+    for c in checks.CHECKS:
+        if not c.module or c.name == checks.CONTRACTS.name or session.missing(c.needs):
+            continue
+        if c.name == checks.ORACLE.name:
+            parts.append(f"{c.name} {examples_per_item(c, max_examples, 'none')} in each of {len(SPARSITY_MODES)} "
+                         "sparsity modes, once per session")
+            continue
+        explicit = len(checks.resolve(c.explicit)(sample.contract, session.sizes)) if c.explicit and sample else 0
+        parts.append(f"{c.name} {examples_per_item(c, max_examples)}" + (f" + {explicit} explicit" if explicit else "")
+                     + (" (vLLM's own CUDA op: live on CUDA only)" if c.launches == "vllm" else ""))
+    return "; ".join(parts)
+
+
+def record_not_applicable(session: Session, check: Check) -> int:
+    """One not-applicable line per session release for a check the subject lacks capabilities for (never a pass,
+    never a finding). Returns how many lines were written."""
+    why = (f"{session.subject_name} declares {', '.join(sorted(session.capabilities))}; {check.name} needs "
+           f"{', '.join(sorted(check.needs))} (missing {', '.join(session.missing(check.needs))})")
+    for r in session.releases:
+        session.sink.write(r, "*", check.name, "*", Word.NOT_APPLICABLE, why)
+    return len(session.releases)
+
+
+def record_outside(session: Session) -> int:
+    """One not-applicable line per release for the selected geometries no K/V check covers, saying why."""
+    n = 0
+    for r in session.releases:
+        why = left_out(session, r)
+        if why:
+            text = "; ".join(f"{len(names)} geometries ({', '.join(names)}): {reason}" for reason, names in why.items())
+            session.sink.write(r, "*", checks.KV_CHECKS.name, "*", Word.NOT_APPLICABLE, text)
+            n += 1
+    return n
+
+
+def _count_by(names) -> str:
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{n} ({k})" for n, k in counts.items())
+
+
+def _listed(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f", ... {len(names) - shown} more" if len(names) > shown else "")

@@ -1,0 +1,216 @@
+"""The example loop: one check over hypothesis-drawn examples of one target, under the item's time limit, each
+example's outcome recorded, what does not pass matched against the subject's known findings.
+
+On a new finding the loop raises `NewFinding` with ONE line that reproduces it; the shrunk example is kept
+(harness.run.regressions). Anything the subject returns or raises is the subject's outcome; `harness-error` is kept
+for kvconform's own bugs.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import hypothesis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness import checks, findings, limits, profiles
+from harness.checks import Check
+from harness.results import Word
+from harness.run import regressions
+from harness.run.regressions import Regression
+from harness.run.releases import ReleaseContracts
+from harness.run.session import Session, supports_layer
+from harness.run.targets import Target, examples_per_item, item_seed
+from harness.run.trial import NotRun, Outcome, Poisoned, Trial, Verdict
+from harness.strategies import Example, alike, cases, examples
+
+CheckFn = Callable[[Trial], Outcome]
+
+
+class NewFinding(AssertionError):
+    """An outcome no known finding predicts; its message ends with the REPRO line."""
+
+
+class TimedOut(Exception):
+    """An item ran past its time limit (harness.limits): recorded as `timeout` with the example it was running."""
+
+
+class DeviceLost(BaseException):
+    """The device of this process is unusable; the example is recorded and kept. Whoever runs the process ends it."""
+
+
+@dataclass
+class Settled:
+    """How an item ended when it found nothing new: the known findings that happened, reasons examples were not
+    run, reasons the subject gave for not supporting them, and how many ran."""
+
+    ran: int = 0
+    not_run: set[str] = field(default_factory=set)
+    unsupported: set[str] = field(default_factory=set)
+    known: dict[str, findings.Finding] = field(default_factory=dict)
+    failure: tuple[Trial, Outcome] | None = None
+
+
+class Loop:
+    """Runs one check over examples of one target and records what happened. `replay_command` is the command that
+    replays one kept example of this check (the REPRO line appends `-k <digest>`)."""
+
+    def __init__(self, session: Session, replay_command: str, max_examples: int | None = None, item: str = "",
+                 timeout: float = 0.0):
+        self.s = session
+        self.replay_command = replay_command
+        self.max_examples = max_examples
+        self.item = item or replay_command  # what a timeout names
+        self.timeout = timeout  # seconds an item may run (0: no limit)
+        self._current: Trial | None = None  # what a timeout's line names: the watchdog cannot ask the main thread
+
+    def trial(self, target: Target, check: str, ex: Example, extra: object) -> Trial:
+        """The value a check receives for one example of `target`."""
+        return Trial(target, check, ex, extra, self.s.subject, self.s.device)
+
+    def run(self, target: Target, check: Check, fn: CheckFn) -> Settled:
+        """Check `fn` over generated examples of `target` as `check` declares them (harness.checks: its budget,
+        strategies and explicit examples); raises NewFinding only on a new finding. A target of one sparsity mode
+        gets its share of the examples."""
+        state = Settled()
+        sizes = self.s.sizes
+        strategy = (checks.resolve(check.strategy)([target.contract], sizes) if check.strategy else
+                    examples([target.contract], sizes, cases(sizes, target.mode) if target.mode else None))
+        count = examples_per_item(check, self.max_examples or settings.default.max_examples, target.mode)
+
+        @settings(max_examples=count)
+        @given(ex=strategy, extra=checks.resolve(check.extra)() if check.extra else st.none())
+        def generated(ex: Example, extra) -> None:
+            self._one(self.trial(target, check.name, ex, extra), check, fn, state)
+
+        # Hypothesis runs the example attached last first: attached in reverse, they run in the order declared.
+        for ex, value in reversed(checks.resolve(check.explicit)(target.contract, sizes) if check.explicit else []):
+            generated = hypothesis.example(ex=ex, extra=value)(generated)
+        generated = hypothesis.seed(item_seed(self.s.seed, check.name, target))(generated)
+        return self._limited(target, check.name, state, generated)
+
+    def replay(self, regression: Regression, check: Check, fn: CheckFn) -> Settled:
+        """Run one stored regression example."""
+        state = Settled()
+        trial = self.trial(regression.target, check.name, regression.example, regression.extra)
+        return self._limited(regression.target, check.name, state, lambda: self._one(trial, check, fn, state))
+
+    def _limited(self, target: Target, check: str, state: Settled, body) -> Settled:
+        try:
+            with limits.time_limit(self.timeout, self._hung), alike():
+                body()
+        except limits.ItemTimeout as e:
+            raise TimedOut(self._record_timeout(str(e))) from None
+        except BaseException:
+            if state.failure is not None:  # the last failing example seen is the shrunk one hypothesis reports
+                trial, outcome = state.failure
+                self._record(trial, outcome)
+                regressions.keep(self.s, trial.target, trial.check, trial.example, trial.extra)
+            raise
+        return state
+
+    def _record_timeout(self, what: str) -> str:
+        message = f"timeout: {self.item} {what} (a harness limit, --kvconform-timeout; not a verdict)"
+        t = self._current
+        if t is None:
+            self.s.sink.write(self.s.releases[0], "*", "*", "*", Word.TIMEOUT, message, device=self.s.device)
+            return message
+        repro = self.repro(t)
+        self.s.sink.write(t.target.release, t.target.geometry, t.check, t.example.case.sparsity.mode, Word.TIMEOUT,
+                          f"{message}; running example {t.example.digest()}", case=t.example.digest(), repro=repro,
+                          device=self.s.device, **t.target.described)
+        return f"{message}\n{repro}"
+
+    def _hung(self) -> None:
+        # From the watchdog thread: the main thread is stuck where the alarm cannot reach it.
+        message = self._record_timeout(f"ran past its limit of {self.timeout:g} s and did not return within "
+                                       f"{min(limits.GRACE, self.timeout):g} s more: this process is ended")
+        self.s.say(f"kvconform {message}")
+        os._exit(3)
+
+    def _one(self, t: Trial, check: Check, fn: CheckFn, state: Settled) -> None:
+        self._current = t
+        start = time.perf_counter()
+        try:
+            reason = self._unsupported(check, t)
+            if reason:
+                state.unsupported.add(reason)
+                if state.failure is None:
+                    self._record(t, Outcome(Word.UNSUPPORTED, reason))
+                return
+            outcome = fn(t)
+        except Verdict as v:
+            outcome = v.outcome
+        except NotRun as e:
+            state.not_run.add(str(e))
+            if state.failure is None:
+                self._record(t, Outcome(Word.NOT_RUN, str(e)))
+            return
+        except Poisoned as p:
+            self._end_process(t, p.outcome)
+        except Exception as e:
+            state.failure = (t, Outcome(Word.HARNESS_ERROR, f"{type(e).__name__}: {e}"))
+            raise
+        state.ran += 1
+        known = None
+        if not outcome.word.passing:
+            known = findings.match(self.s.findings, t.target.release.release, t.target.geometry,
+                                   t.example.case.sparsity.mode, t.check, outcome.word)
+            if known is None:
+                state.failure = (t, outcome)
+                raise NewFinding(f"{outcome.word.value}: {outcome.diagnosis}\n{self._unshrunk()}{self.repro(t)}")
+            state.known[known.id] = known
+        if state.failure is None:  # examples tried while shrinking a failure are not results
+            self._record(t, outcome, known.id if known else "", time.perf_counter() - start)
+
+    def _unshrunk(self) -> str:
+        """Under a profile that does not shrink, the line that gets this item's shrunk example."""
+        if profiles.shrinks():
+            return ""
+        return (f"the first failing example found, not shrunk ({settings.get_current_profile_name()}); the shrunk "
+                f"one: pytest {shlex.quote(self.item)} {self.s.args} --hypothesis-profile=kvconform-ci\n")
+
+    def _unsupported(self, check: Check, t: Trial) -> str | None:
+        """Why the subject does not take this example, by its own word (None when it does): a check that runs its
+        forwards asks `supports(case)`, one that hands it a layer's cache asks `supports_layer(layer)`."""
+        supports = getattr(self.s.subject, "supports", None)  # optional outside kernels
+        reason = t.call(supports, t.example.case) if check.asks_case and supports is not None else None
+        if check.hands_cache and not reason:
+            reason = t.call(supports_layer, self.s.subject, self.s.subject_name, t.layer, self.s.capabilities)
+        return reason
+
+    def _end_process(self, t: Trial, outcome: Outcome) -> None:
+        self._record(t, outcome)
+        regressions.keep(self.s, t.target, t.check, t.example, t.extra)
+        message = f"kvconform {outcome.word.value}: {outcome.diagnosis}\n{self.repro(t)}"
+        print(message, file=sys.__stderr__, flush=True)
+        raise DeviceLost(message)
+
+    def repro(self, t: Trial) -> str:
+        """ONE line that reproduces the trial's example: what it is, and the command that replays it."""
+        return regressions.repro(t.target, t.check, t.example, t.extra, f"{self.replay_command} {self.s.args}")
+
+    def _record(self, t: Trial, outcome: Outcome, known: str = "", seconds: float = 0.0) -> None:
+        self.s.sink.write(t.target.release, t.target.geometry, t.check, t.example.case.sparsity.mode, outcome.word,
+                          outcome.diagnosis, case=t.example.digest(),
+                          repro=self.repro(t) if not outcome.word.passing else "", known=known, device=self.s.device,
+                          seconds=round(seconds, 4), **t.target.described)
+
+
+def record_target(session: Session, target: Target, check: Check, outcome: Outcome) -> None:
+    """Record an outcome of a whole (release, geometry) item, e.g. a check that cannot run here."""
+    session.sink.write(target.release, target.geometry, check.name, "*", outcome.word, outcome.diagnosis,
+                       device=session.device, **target.described)
+
+
+def record_release(session: Session, r: ReleaseContracts, check: Check, outcome: Outcome) -> str:
+    """Record a whole-release outcome (contracts unreadable, drift); the known finding's id if one predicts it."""
+    known = findings.match(session.findings, r.release, "*", "*", check.name, outcome.word.value)
+    session.sink.write(r, "*", check.name, "*", outcome.word, outcome.diagnosis, known=known.id if known else "")
+    return known.id if known else ""

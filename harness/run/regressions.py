@@ -1,0 +1,70 @@
+"""Kept failing examples: written under <regressions>/<subject>/ when an item fails, replayed first by every later
+session, and the one REPRO line that names each."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from harness import checks
+from harness.run.session import Session
+from harness.run.targets import Target, targets
+from harness.strategies import Example
+
+
+@dataclass(frozen=True)
+class Regression:
+    """A kept failing example, bound to one release of the session that has its geometry."""
+
+    target: Target
+    example: Example
+    extra: object
+    digest: str
+
+
+def regressions(session: Session, check: str) -> list[Regression]:
+    """Every kept failing example of `check` found on this kind of device (a GPU-sized example is not replayed by
+    the CPU interpreter), bound to each session target of the check with its geometry (that release's own contract
+    of it: its layer is that release's setting and backend), or, for a check that uses no cache, to each session
+    release with the example's geometry."""
+    out = []
+    by_geometry: dict[str, list[Target]] = {}
+    for t in targets(session, checks.get(check)):
+        by_geometry.setdefault(t.geometry, []).append(t)
+    for path in sorted((session.regressions_dir / session.subject_name).glob(f"{check}-*.json")):
+        body = json.loads(path.read_text())
+        if body.get("device", device_kind(session.device)) != device_kind(session.device):
+            continue
+        ex = Example.from_json(json.dumps(body["example"]))
+        digest = path.stem.split("-")[-1]
+        if body["geometry"] in by_geometry or body["geometry"] == ex.contract.name:
+            out += [Regression(t, ex, body.get("extra"), digest) for t in by_geometry.get(body["geometry"], [])]
+            continue
+        own = {r.release: next((c for c in r.contracts if c.name == ex.contract.name), None) for r in session.releases}
+        out += [Regression(Target(r, own[r.release], body["geometry"]), ex, body.get("extra"), digest)
+                for r in session.releases if own[r.release] is not None]
+    return out
+
+
+def keep(session: Session, target: Target, check: str, ex: Example, extra: object) -> None:
+    """Keep a failing example for every later session to replay first."""
+    d = session.regressions_dir / session.subject_name
+    d.mkdir(parents=True, exist_ok=True)
+    body = {"check": check, "subject": session.subject_name, "release": target.release.release,
+            "geometry": target.geometry, "example": json.loads(ex.to_json()), "extra": extra,
+            "case": repr(ex.case), "device": device_kind(session.device)}
+    (d / f"{check}-{ex.digest()}.json").write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+
+
+def repro(target: Target, check: str, ex: Example, extra: object, command: str) -> str:
+    """ONE line that reproduces a failing example: what it is, and `command`, which replays it by its digest."""
+    return (f"REPRO {check} release={target.release.release} ({target.release.source}) "
+            f"geometry={target.geometry} layers={ex.num_layers}/{ex.layer} num_blocks={ex.num_blocks} "
+            f"pages={ex.page_order}/{ex.page_seed} "
+            + (f"head_dim_v={ex.head_dim_v} " if ex.head_dim_v else "") + f"extra={extra!r} {ex.case!r} :: "
+            f"{command} -k {ex.digest()}")
+
+
+def device_kind(device: str) -> str:
+    """The kind of device a kept example was found on ("cuda", "cpu")."""
+    return device.split(":")[0]

@@ -1,0 +1,94 @@
+"""The releases a run checks and their contracts: probed live when vLLM is installed (with drift against the
+recording), else replayed from the recording."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import fixtures, matrix
+from harness.contract import Contract, ContractError
+from harness.fixtures import Recording
+from harness.probe import ProbeError, probe, release as installed_release
+
+
+@dataclass(frozen=True)
+class ReleaseContracts:
+    """One release's contracts for this session, live (probed, with drift against the recording) or replayed."""
+
+    release: str
+    source: str  # "live" or "replay"
+    contracts: tuple[Contract, ...]
+    error: str = ""  # the contract-error when they could not be read
+    drift: tuple[str, ...] = ()
+    recording: Recording | None = field(default=None, compare=False, repr=False)  # replay: the stand-ins' source
+
+    def describe(self) -> str:
+        """How the contracts were read, and their distinct geometries by family, with the backends that hand them
+        (every geometry by name: docs/contracts.md, or `python -m harness.fixtures table`)."""
+        if self.error:
+            return f"{self.release}: contract-error: {self.error}"
+        how = "live probe of the installed vLLM" if self.source == "live" else "replay of the recorded fixture"
+        kinds: dict[str, tuple[set[Contract], dict[str, None]]] = {}
+        for c in self.contracts:
+            kind = f"{c.family}{'+diffkv' if c.diff_kv else ''}{'' if c.cache_dtype == 'auto' else '@' + c.cache_dtype}"
+            geometries, backends = kinds.setdefault(kind, (set(), {}))
+            geometries.add(c)
+            backends[c.origin.backend_name] = None
+        return (f"{self.release}: {how}, {len(self.contracts)} contracts in {len(set(self.contracts))} geometries: "
+                + ", ".join(f"{kind} x{len(g)} ({', '.join(b)})" for kind, (g, b) in kinds.items()))
+
+
+def vllm_installed() -> bool:
+    """Whether a vLLM is importable here (its release is then probed live)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def load_release(release: str, contracts_dir: Path) -> ReleaseContracts:
+    """The release's contracts: probed live when vLLM is installed (with drift against the recording), else
+    replayed from the recording."""
+    if not vllm_installed():
+        try:
+            recording = fixtures.load(release, contracts_dir)
+            return ReleaseContracts(release, "replay", recording.contracts, recording=recording)
+        except ContractError as e:
+            return ReleaseContracts(release, "replay", (), str(e))
+    try:
+        live = probe()
+    except ProbeError as e:
+        return ReleaseContracts(release, "live", (), str(e))
+    if release != "main" and live.release != release:
+        return ReleaseContracts(release, "live", (), f"the installed vLLM is {live.release}, not {release}")
+    if release not in fixtures.releases(contracts_dir):
+        return ReleaseContracts(release, "live", live.contracts, drift=(f"no recording of {release} to compare",))
+    return ReleaseContracts(release, "live", live.contracts,
+                            drift=tuple(fixtures.drift(fixtures.load(release, contracts_dir), live)))
+
+
+def releases_asked(asked: list[str], contracts_dir: Path) -> list[str]:
+    """Release names from what was asked ('recorded' = every recording); the installed vLLM's when nothing was.
+    ValueError (a usage error) when nothing was asked and vLLM is not installed."""
+    if not asked:
+        if not vllm_installed():
+            raise ValueError("vLLM is not installed: name the release(s) to replay with --kvconform-release "
+                             f"(recorded: {', '.join(fixtures.releases(contracts_dir))})")
+        asked = [installed_release()]
+    names = [r for a in asked for r in (fixtures.releases(contracts_dir) if a == "recorded" else [a])]
+    if not vllm_installed():
+        recorded = fixtures.releases(contracts_dir)
+        for name in names:
+            if name not in recorded:
+                raise ValueError(f"vllm {name} has no recording in {contracts_dir} (recorded: {', '.join(recorded)}); "
+                                 f"to check it: {_how_to_record(name)}")
+    return names
+
+
+def _how_to_record(name: str) -> str:
+    try:
+        matrix.get(name)
+    except matrix.UnknownRelease:
+        return f"add it to kvconform's matrix.toml, then run `nox -s probe -- {name}` in a kvconform checkout"
+    except OSError:  # an installed kvconform ships its recordings, not matrix.toml
+        pass
+    return f"run `nox -s probe -- {name}` in a kvconform checkout (or install vllm=={name} and run live)"

@@ -1,0 +1,124 @@
+"""Where a run's result lines go: written per process, merged per release at the end, the known findings that
+did not happen marked stale, and the summary printed after the run."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import compiles, findings, results
+from harness.results import Word
+from harness.run.releases import ReleaseContracts
+
+POISONED = "the device is unusable after this call"  # in the diagnosis of the line that lost a process its device
+
+
+@dataclass
+class Sink:
+    """This process's result lines, and (in the controller) what the run's processes reported at their end."""
+
+    results_dir: Path
+    run: str
+    worker: str  # this process's name in result file names: <run>-<worker>
+    subject_name: str
+    findings: tuple[findings.Finding, ...]
+    written: int = 0  # result lines this process wrote
+    workers: dict[str, dict] = field(default_factory=dict)  # xdist worker id -> what it reported at its end
+    merged: dict[str, str] = field(default_factory=dict)  # release -> what merging its lines did (controller)
+
+    def write(self, r: ReleaseContracts, geometry: str, check: str, sparsity: str, word: Word | str, diagnosis: str = "",
+              **fields) -> None:
+        """Record one result line of release `r`: where every line of a run is built."""
+        results.append(self.results_dir, results.Result(
+            run=self.run, release=r.release, source=r.source, subject=self.subject_name, geometry=geometry,
+            check=check, sparsity=sparsity, outcome=word, diagnosis=diagnosis, **fields), self.worker)
+        self.written += 1
+
+    def process_report(self, device: str) -> dict:
+        """This process's device, compiles, loads and result lines, as the run summary keeps them."""
+        c = compiles.counts()
+        return {"device": device, "compiled": c.compiled, "loaded": c.loaded, "results": self.written}
+
+    def culprit(self, worker: str) -> str:
+        """What ended a crashed xdist worker, when it was the device: its last result line, the example that
+        poisoned the device, with its repro ("" otherwise)."""
+        files = self.results_dir.glob(f"*/results.{self.run}-{worker}.jsonl")
+        last = [json.loads(line) for f in sorted(files, key=lambda f: f.stat().st_mtime)
+                for line in f.read_text().splitlines()[-1:]]
+        if last and POISONED in last[-1]["diagnosis"]:
+            return f"{last[-1]['outcome']}: {last[-1]['diagnosis']}\n{last[-1]['repro']}"
+        return ""
+
+    def write_run(self, releases: list[str], warmup: compiles.Warmup | None) -> None:
+        """results/run.json: the subject, releases, warm-up and every process's report."""
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        warm = None
+        if warmup:
+            warm = {**vars(warmup), "counts": vars(warmup.counts), "errors": list(warmup.errors)}
+        (self.results_dir / "run.json").write_text(json.dumps({
+            "subject": self.subject_name, "releases": releases, "warmup": warm, "processes": self.workers},
+            indent=1) + "\n")
+
+    def merge(self, releases: list[ReleaseContracts]) -> None:
+        """Merge this run's per-process result files per release (what each merge did goes to the summary), then
+        mark the known findings that did not happen in this run."""
+        for r in releases:
+            if results.release_dir(self.results_dir, r.release).is_dir():
+                merged = results.merge(self.results_dir, r.release, self.run + "-")
+                if merged.added:
+                    self.merged[r.release] = str(merged)
+                    self._mark_stale(r)
+
+    def _mark_stale(self, r: ReleaseContracts) -> None:
+        # Done on merged results: with xdist a finding may apply on one worker and happen on another. This run's lines
+        # only: the lines an earlier run left (items not re-checked) say nothing of what happened in this one.
+        rows = [x for x in results.read(self.results_dir, r.release)
+                if x.subject == self.subject_name and x.run == self.run]
+        happened = {x.known for x in rows if x.known}
+        for f in self.findings:
+            applied = any(f.applies(x.release, x.geometry, x.sparsity, x.check)
+                          and x.outcome not in (Word.UNSUPPORTED, Word.NOT_APPLICABLE) for x in rows)
+            if applied and f.id not in happened:
+                results.append(self.results_dir, results.Result(
+                    run=self.run, release=r.release, source=r.source, subject=self.subject_name, geometry=f.geometry,
+                    check=f.check, sparsity=f.sparsity, outcome=Word.STALE, known=f.id,
+                    diagnosis=f"known finding {f.id} ({f.outcome}: {f.reason}) applied but did not happen"))
+
+    def summary(self, releases: list[ReleaseContracts], head: list[str], coverage: list[str], slowest: int = 3) -> list[str]:
+        """The run's id and `head` (the warm-up's lines), one line per process and per release, of this run's
+        result lines only ("not run" for a release it recorded nothing of), stale known findings, the `coverage`
+        lines, and the `slowest` examples of each check with their times."""
+        lines = [f"kvconform run {self.run}"] + head
+        for name, w in sorted(self.workers.items()):
+            lines.append(f"kvconform process {name} on {w['device']}: {w['results']} results; kernels "
+                         f"{w['compiled']} compiled, {w['loaded']} loaded from the disk cache" if w else
+                         f"kvconform process {name}: ended without reporting (crashed or killed)")
+        ran: list[results.Result] = []
+        for r in releases:
+            path = results.release_dir(self.results_dir, r.release) / "results.jsonl"
+            rows = [x for x in (results.read(self.results_dir, r.release) if path.exists() else [])
+                    if x.run == self.run]
+            if all(x.outcome == Word.NOT_APPLICABLE for x in rows):
+                na = f"; {len(rows)} not-applicable" if rows else ""
+                lines.append(f"kvconform {r.release} ({r.source}) {self.subject_name}: not run (this run checked "
+                             f"nothing of it{na})")
+                continue
+            ran += rows
+            counts: dict[str, int] = {}
+            for x in rows:
+                counts[x.outcome.value] = counts.get(x.outcome.value, 0) + 1
+            lines.append(f"kvconform {r.release} ({r.source}) {self.subject_name}: "
+                         + ", ".join(f"{n} {word}" for word, n in sorted(counts.items())) + f" -> {path}")
+            lines += [f"  merged: {self.merged[r.release]}"] if r.release in self.merged else []
+            lines += [f"  STALE {x.known}: {x.diagnosis}" for x in rows if x.outcome == results.STALE]
+        lines += [f"kvconform {line}" for line in coverage]
+        by_check: dict[str, list[results.Result]] = {}
+        for x in ran:
+            if x.seconds:
+                by_check.setdefault(x.check, []).append(x)
+        for check, rows in sorted(by_check.items()):
+            top = sorted(rows, key=lambda x: -x.seconds)[:slowest]
+            lines.append(f"kvconform slowest {check}: " + "; ".join(
+                f"{x.seconds:.2f} s {x.release} {x.geometry} {x.case} ({x.outcome.value})" for x in top))
+        return lines

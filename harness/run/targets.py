@@ -1,0 +1,117 @@
+"""What a run's items check: targets (a release and one of its geometries, or a pair of them), the seed and the
+number of examples of each item, and the order items run in."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cached_property
+
+from harness import checks
+from harness.cases import SPARSITY_MODES
+from harness.checks import Check
+from harness.contract import Contract
+from harness.matrix import version_key
+from harness.run.releases import ReleaseContracts
+from harness.run.session import Session
+from harness.strategies import Sizes
+
+
+@dataclass(frozen=True)
+class Target:
+    """One release and one of its geometries; `label` names a check that uses no cache (the oracle's "dense"),
+    `mode` the one sparsity mode its cases take (any when empty), `peer` the geometry of another layout setting of
+    the same release and backend that the relayout check moves blocks into."""
+
+    release: ReleaseContracts
+    contract: Contract
+    label: str = ""
+    mode: str = ""
+    peer: Contract | None = None
+
+    @property
+    def geometry(self) -> str:
+        """The geometry's name in result lines (a relayout's pair as `source->peer`)."""
+        if self.peer is not None:
+            return f"{self.contract.name}->{self.peer.name}"
+        return self.label or self.contract.name
+
+    @cached_property
+    def described(self) -> dict[str, object]:
+        """What its result lines say of the geometry: the backends that hand it in this release, its cache dtype,
+        family, physical order and layer arrangement (nothing for a check that uses no cache; a relayout's source)."""
+        if self.label:
+            return {}
+        c = self.contract
+        return dict(backends=tuple(sorted({x.origin.backend_name for x in self.release.contracts if x == c})),
+                    cache_dtype=c.cache_dtype, family=c.family, order=".".join(c.physical),
+                    layers="cross-layer" if c.shared else "per-layer")
+
+
+def targets(session: Session, check: Check | None = None) -> list[Target]:
+    """Every (release, geometry) of the session's backends and cache dtypes, one per distinct geometry (backends
+    handing a layer the same geometry share it), K/V caches only (`outside`); diff-KV caches only for checks that
+    launch no kernel (`check` None: every geometry some check takes). The relayout check's are pairs (peers)."""
+    if check is checks.RELAYOUT:
+        return relayout_targets(session)
+    return [Target(r, c) for r in session.releases
+            for c in dict.fromkeys(c for c in r.contracts
+                                   if session.selects(c) and not outside(c, session.sizes, check))]
+
+
+def relayout_targets(session: Session) -> list[Target]:
+    """Pairs of geometries one release hands a layer of one backend, cache dtype and layer arrangement under two
+    layout settings (VLLM_KV_CACHE_LAYOUT NHD/HND, or KVCacheLayout members): each geometry of such a group is the
+    source of one pair and the target of another (the group in a cycle), a pair several backends share once."""
+    out: list[Target] = []
+    for r in session.releases:
+        groups: dict[tuple, dict[Contract, None]] = {}
+        for c in r.contracts:
+            if session.selects(c) and not outside(c, session.sizes):
+                groups.setdefault((c.origin.backend_name, c.cache_dtype, c.shared), {})[c] = None
+        pairs: dict[tuple[Contract, Contract], None] = {}
+        for group in groups.values():
+            ring = list(group)
+            for i, c in enumerate(ring if len(ring) > 1 else ()):
+                pairs.setdefault((c, ring[(i + 1) % len(ring)]), None)
+        out += [Target(r, a, peer=b) for a, b in pairs]
+    return out
+
+
+def outside(c: Contract, sizes: Sizes, check: Check | None = None) -> str:
+    """Why no item of `check` (None: of any check) takes geometry `c`; "" when one does."""
+    if c.latent:
+        return "a latent (MLA) cache holds no K/V pair for a K/V subject to split"
+    if c.diff_kv and check is not None and check.kernels:
+        drawn = " or ".join(f"K {k} / V {v}" for k, v in sizes.diff_kv_dims)
+        return (f"the subject's forwards take one head size for K and V, while a diff-KV cache has two (its examples "
+                f"draw head sizes {drawn}): no forward check takes it")
+    return ""
+
+
+def dense_targets(session: Session) -> list[Target]:
+    """The dense forward alone, which no release changes: once per session, under its newest release (a nox
+    session holds one), one target per sparsity mode so that the float64 items run side by side."""
+    newest = max((r for r in session.releases if r.contracts), key=lambda r: version_key(r.release), default=None)
+    return [Target(newest, newest.contracts[0], "dense", m) for m in SPARSITY_MODES] if newest else []
+
+
+def item_seed(seed: int, check: str, target: Target) -> int:
+    """The seed of one item's draws: from the run's seed, the check and the (release, geometry, sparsity mode) alone,
+    so that an item draws the same examples whether its release is installed or replayed, whatever the subject,
+    and items of one run draw different ones."""
+    key = f"{seed}|{check}|{target.release.release}|{target.geometry}|{target.mode}"
+    return int(hashlib.sha1(key.encode()).hexdigest()[:16], 16)
+
+
+def examples_per_item(check: Check, max_examples: int, mode: str = "") -> int:
+    """Generated examples of one item of `check` (its explicit ones come on top): the profile's max_examples times
+    the check's budget, shared out among the sparsity modes when its items take one mode each (the oracle's)."""
+    count = max_examples * check.budget
+    return -(-count // len(SPARSITY_MODES)) if mode else count
+
+
+def order(check: Check, regression: bool) -> int:
+    """Where an item of `check` runs: stored regressions first, then by the check's declared order (the checks
+    that launch no kernel first: a wrong split is found and shrunk cheaply before any kernel check meets it)."""
+    return 0 if regression else check.order

@@ -1,0 +1,155 @@
+"""One example of one target as a check receives it (`Trial`), and what a check returns (`Outcome`).
+
+A check is a function `check(trial) -> Outcome`. The trial holds the example, the layer its release hands with the
+example's cache, and the calls a check makes into the subject: anything the subject returns or raises there is the
+subject's outcome (`Verdict`), never kvconform's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from harness import devices
+from harness.cache import Paging, filled, read
+from harness.compare import bits, diagnose
+from harness.contract import Contract, ContractError
+from harness.layer import Layer, in_force
+from harness.results import Word
+from harness.run.session import layer_of
+from harness.run.sink import POISONED
+from harness.run.targets import Target
+from harness.strategies import Example
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A word of harness.results and what it rests on."""
+
+    word: Word
+    diagnosis: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "word", Word(self.word))  # an unknown word is a ValueError here, not a result
+
+
+class Verdict(Exception):
+    """Raised out of a check by a subject call that failed: it is the subject's outcome, not a harness bug."""
+
+    def __init__(self, outcome: Outcome):
+        super().__init__(outcome.diagnosis)
+        self.outcome = outcome
+
+
+class NotRun(Exception):
+    """Raised out of a kernel check whose example the subject's split already gets wrong (the reason)."""
+
+
+class Poisoned(BaseException):
+    """A subject's call left this process's device unusable. A BaseException so that hypothesis does not shrink
+    (every further call would fail too)."""
+
+    def __init__(self, outcome: Outcome):
+        super().__init__(outcome.diagnosis)
+        self.outcome = outcome
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An example made concrete: token tensors (k and v as the cache stores them, the dense forward's input), the
+    release's kv_cache holding them, and its page table."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    kv_cache: torch.Tensor
+    paging: Paging
+
+
+def compare(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Outcome:
+    """bit-identical, or differs with the harness.compare diagnosis."""
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        return Outcome(Word.DIFFERS, f"{what}: {tuple(actual.shape)} {actual.dtype} vs "
+                                     f"{tuple(expected.shape)} {expected.dtype}")
+    d = diagnose(actual, expected)
+    return Outcome(Word.BIT_IDENTICAL) if d is None else Outcome(Word.DIFFERS, f"{what}: not bit-identical: {d}")
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One example (`example`, with the check's `extra` draw) of `target`, for check `check`, on `device`."""
+
+    target: Target
+    check: str
+    example: Example
+    extra: object
+    subject: object
+    device: str
+
+    @cached_property
+    def layer(self) -> Layer:
+        """The layer value of the example's cache: what its release hands a layer."""
+        ex = self.example
+        return layer_of(self.target.release, self.target.contract, ex.dims, ex.case.torch_dtype)
+
+    @cached_property
+    def peer(self) -> tuple[Contract, Layer]:
+        """A relayout target's second geometry and the layer its release hands with it."""
+        ex, t = self.example, self.target
+        return t.peer, layer_of(t.release, t.peer, ex.dims, ex.case.torch_dtype)
+
+    def prepare(self) -> Prepared:
+        """Tokens written where the release's contract says (what vLLM's cache write does), pages poisoned."""
+        ex = self.example
+        q, k, v = ex.inputs(self.device)
+        k, v = ex.contract.dtype.stored(k), ex.contract.dtype.stored(v)
+        pages = ex.paging().to(self.device)
+        return Prepared(q, k, v, filled(ex.contract, ex.dims, pages, k, v), pages)
+
+    def call(self, fn, *args):
+        """Call into the subject; its ContractError is a contract-error, anything else it raises a subject-error.
+        A call handed a layer runs with that layer's release in force (harness.layer.in_force). On CUDA the call
+        is waited for, so that a fault of the subject's kernel is reported against this call."""
+        layer = next((a for a in args if isinstance(a, Layer)), None)
+        try:
+            with in_force(layer) if layer is not None else contextlib.nullcontext():
+                out = fn(*args)
+            if self.device.startswith("cuda"):
+                torch.cuda.synchronize(self.device)
+            return out
+        except ContractError as e:
+            raise Verdict(Outcome(Word.CONTRACT_ERROR, f"{type(e).__name__}: {e}")) from e
+        except Exception as e:
+            why = devices.poisoned(self.device)
+            if why:
+                raise Poisoned(Outcome(Word.SUBJECT_ERROR, f"{type(e).__name__}: {e}; {POISONED} ({why})")) from e
+            raise Verdict(Outcome(Word.SUBJECT_ERROR, f"{type(e).__name__}: {e}")) from e
+
+    def subject_split(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The subject's split of `kv_cache` handed with the trial's layer: its (K, V) pair of tensors; anything
+        else it returns is its subject-error, naming what it returned."""
+        got = self.call(self.subject.split, kv_cache, self.layer)
+        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+            what = (f"a {type(got).__name__} of {len(got)} ({', '.join(type(t).__name__ for t in got)})"
+                    if isinstance(got, (tuple, list)) else f"a {type(got).__name__}")
+            raise Verdict(Outcome(Word.SUBJECT_ERROR, f"split of kv_cache {tuple(kv_cache.shape)} returned {what}, "
+                                                      "not a (K, V) pair of tensors"))
+        return got
+
+    def split(self, p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
+        """The subject's K and V views of the prepared cache, for a kernel check. NotRun when they do not read the
+        tokens written where the contract says: kernels over them could only restate split-agrees' finding."""
+        got = self.subject_split(p.kv_cache)
+        want = self.example.contract.split(p.kv_cache, self.example.dims)
+        for name, a, b in zip("KV", got, want):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise NotRun(f"the subject's {name} view is {tuple(a.shape)} {a.dtype}, the contract's "
+                             f"{tuple(b.shape)} {b.dtype}")
+        for name, a, b in zip("KV", read(*got, p.paging), (p.k, p.v)):
+            if not torch.equal(bits(a), bits(b)):
+                raise NotRun(f"the subject's {name} view does not read the tokens written through the contract's "
+                             f"{name} view (split-agrees reports the split)")
+        return got

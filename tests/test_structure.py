@@ -1,0 +1,101 @@
+"""The library's shape: imports flow one way (no circle, no import inside a function that climbs back to a module
+that imports the importer), the core never imports the plugin, and no library module is over 500 lines."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMIT = 500  # lines per library module
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    out = {}
+    for package in ("harness", "kvconform"):
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _graph(modules: dict[str, Path]) -> dict[str, tuple[set[str], set[str]]]:
+    """Per module, the modules of `modules` it imports at its top level, and those it imports inside functions."""
+    graph = {}
+    for name, path in modules.items():
+        top, inner = set(), set()
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+        def targets(node: ast.AST) -> set[str]:
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                module = node.module or ""
+                if node.level:
+                    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    module = f"{base}.{module}" if module else base
+                names = [f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module for a in node.names]
+            return {n for n in names if n in modules and n != name}
+
+        def walk(node: ast.AST, inside: bool) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.Import, ast.ImportFrom)):
+                    (inner if inside else top).update(targets(child))
+                walk(child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+        walk(ast.parse(path.read_text()), False)
+        graph[name] = (top, inner)
+    return graph
+
+
+def _reach(graph, start: str) -> set[str]:
+    """Every module `start` imports at top level, transitively."""
+    seen, todo = set(), [start]
+    while todo:
+        for n in graph[todo.pop()][0]:
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
+
+
+def _circles(graph) -> list[str]:
+    return sorted(f"{a} -> {b} -> ... -> {a}" for a in graph for b in graph[a][0] if a in _reach(graph, b))
+
+
+def _climbs(graph) -> list[str]:
+    return sorted(f"{a} imports {b} inside a function, and {b} imports {a}" for a in graph for b in graph[a][1]
+                  if a in _reach(graph, b))
+
+
+MODULES = _modules(ROOT)
+GRAPH = _graph(MODULES)
+
+
+def test_no_import_circle():
+    assert not _circles(GRAPH)
+
+
+def test_no_import_inside_a_function_climbs_back():
+    assert not _climbs(GRAPH)
+
+
+def test_the_library_core_never_imports_the_plugin():
+    up = sorted(f"{a} imports {b}" for a, (top, inner) in GRAPH.items() if a.startswith("harness")
+                for b in top | inner if b.startswith("kvconform"))
+    assert not up
+
+
+def test_no_library_module_is_over_the_limit():
+    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > LIMIT}
+    assert not long
+
+
+def test_a_planted_circle_and_climb_are_seen(tmp_path):
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "__init__.py").write_text("")
+    (tmp_path / "harness" / "a.py").write_text("from harness import b\n")
+    (tmp_path / "harness" / "b.py").write_text("import harness.c\n\n\ndef f():\n    from harness import a\n")
+    (tmp_path / "harness" / "c.py").write_text("from .a import x\n")
+    graph = _graph(_modules(tmp_path))
+    assert graph["harness.b"] == ({"harness.c"}, {"harness.a"}) and graph["harness.c"] == ({"harness.a"}, set())
+    assert len(_circles(graph)) == 3 and _climbs(graph) == [
+        "harness.b imports harness.a inside a function, and harness.a imports harness.b"]
