@@ -164,7 +164,7 @@ def _recorded_geometries():
 
 def test_the_checks_that_hand_a_subject_a_cache_declare_the_ambiguous_examples():
     assert {c.module for c in CACHE_CHECKS} == {"test_split", "test_malformed", "test_transfer", "test_relayout",
-                                               "test_bit_identity", "test_determinism"}
+                                               "test_bit_identity", "test_determinism", "test_ulp_autotuned"}
     c = families()[1]
     for check in CACHE_CHECKS:
         assert check.explicit, check.name
