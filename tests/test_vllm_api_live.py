@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 
 from harness import fixtures  # noqa: E402
 from harness.probe import api as probe_api  # noqa: E402
-from harness.probe.era_stride import _caches  # noqa: E402
+from harness.backends import layout_env  # noqa: E402
 from harness.vllm_api import api_of, stand_ins  # noqa: E402
 from harness.vllm_api.surface import BACKEND_MEMBERS, FLAGS, describe, describe_enum, encode  # noqa: E402
 
@@ -69,7 +69,7 @@ def _counts():
 
 
 def _layout(setting):
-    return probe_api._layout_env(setting)
+    return layout_env(setting)
 
 
 @pytest.mark.parametrize("name", BACKENDS)
@@ -172,4 +172,3 @@ def test_a_bad_keyword_is_refused_as_the_release_refuses_it() -> None:
                     lambda: getattr(live, n)(no_such_argument=1)) == ("raises", "TypeError")
 
 
-_ = _caches  # the probe's env helper clears the release's layout caches between settings
