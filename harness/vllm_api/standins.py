@@ -384,7 +384,3 @@ class StandIns:
         fn.__doc__ = f"REPLAY stand-in for {where}{spec.get('signature')}"
         fn.__module__ = module
         return fn
-
-
-def _raise(e: Exception) -> Any:
-    raise e
