@@ -4,7 +4,7 @@ a list `[2, 3, 16, 2, 64]`; kvconform's own ContractError names the expected con
 raises naming no shape, accepted it."""
 
 from harness import checks
-from harness.contract import ContractError
+from harness.contract import ContractError, views
 from harness.layer import in_force
 from harness.results import Word
 from harness.run.trial import Outcome
@@ -15,12 +15,12 @@ CHECK = checks.REJECTS_MALFORMED  # its declaration: what it needs, costs and dr
 
 
 def malform(kv_cache, contract, mutation):
-    axis = {a: i for i, a in enumerate(contract.logical)}
+    axis = {a: i for i, a in enumerate(contract.layout.logical)}
     if mutation == "extra-axis":
         return kv_cache.unsqueeze(0)
     if mutation == "bad-kv-or-c-size":
-        if contract.split_axis in ("C", "S"):  # an odd packed or head-slot axis: K and V cannot be halves of it
-            split = axis[contract.split_axis]
+        if contract.layout.split_axis in ("C", "S"):  # an odd packed or head-slot axis: K and V cannot be halves of it
+            split = axis[contract.layout.split_axis]
             return kv_cache.narrow(split, 0, kv_cache.shape[split] - 1)
         return kv_cache.repeat_interleave(2, dim=axis["KV"]).narrow(axis["KV"], 0, 3)
     if mutation == "strided-innermost":
@@ -35,8 +35,8 @@ def malform(kv_cache, contract, mutation):
 
 def applicable(ex, mutation):
     if mutation == "ignored-physical-order":  # only visible where axes longer than 1 change their memory order
-        long = [a for a in ex.contract.logical if ex.contract.size(a, ex.dims) > 1]
-        return [a for a in ex.contract.physical if a in long] != long
+        long = [a for a in ex.contract.layout.logical if views.size(ex.contract, a, ex.dims) > 1]
+        return [a for a in ex.contract.layout.physical if a in long] != long
     if mutation == "swapped-n-h":
         return ex.case.kv_heads > 1
     return True
@@ -51,7 +51,7 @@ def check(t):
     ex, mutation = t.example, t.extra
     if not applicable(ex, mutation):
         mutation = "extra-axis"
-    bad = malform(ex.contract.allocate(ex.dims, ex.case.torch_dtype, t.device), ex.contract, mutation)
+    bad = malform(views.allocate(ex.contract, ex.dims, ex.case.torch_dtype, t.device), ex.contract, mutation)
     shape = tuple(bad.shape)
     try:
         with in_force(t.layer):

@@ -6,6 +6,7 @@ not 1."""
 
 from harness import checks
 from harness.compare import view_mismatch
+from harness.contract import views
 from harness.results import Word
 from harness.run.trial import Outcome
 
@@ -14,9 +15,9 @@ CHECK = checks.SPLIT_AGREES  # its declaration: what it needs, costs and draws
 
 def check(t):
     ex = t.example
-    kv_cache = ex.contract.allocate(ex.dims, ex.case.torch_dtype, t.device)
+    kv_cache = views.allocate(ex.contract, ex.dims, ex.case.torch_dtype, t.device)
     got = t.subject_split(kv_cache)
-    want = ex.contract.split(kv_cache, ex.dims)
+    want = views.split(ex.contract, kv_cache, ex.dims)
     for name, a, b in zip("KV", got, want):
         wrong = view_mismatch(a, b)
         if wrong:

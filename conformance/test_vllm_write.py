@@ -11,6 +11,7 @@ import torch
 
 from harness import checks
 from harness.cache import read
+from harness.contract import views
 from harness.results import Word
 from harness.run.trial import Outcome, compare
 
@@ -48,8 +49,8 @@ def check(t):
     ex = t.example
     dtype, device, c = ex.case.torch_dtype, t.device, ex.contract
     _, k, v = ex.case.inputs(device)
-    kv_cache = c.allocate(ex.dims, dtype, device)
-    keys, values = c.split(kv_cache, ex.dims)
+    kv_cache = views.allocate(c, ex.dims, dtype, device)
+    keys, values = views.split(c, kv_cache, ex.dims)
     pages = ex.paging().to(device)
     op = _write_op()
     raw = (keys, values) if c.dtype.element is None else (keys.view(c.dtype.element), values.view(c.dtype.element))

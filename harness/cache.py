@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.contract import Contract, Dims
+from harness.contract import Contract, Dims, views
 
 PAGE_ORDERS = ("shuffled", "reversed", "sequential")
 
@@ -67,8 +67,8 @@ def filled(contract: Contract, dims: Dims, paging: Paging, k: torch.Tensor, v: t
     """A layer's kv_cache in `contract`'s geometry holding token rows k [total_kv, H, Dk] and v [total_kv, H, Dv] as
     its cache dtype stores them (`Contract.stored`) where the contract puts them (what vLLM's cache write does); every
     other element poisoned."""
-    kv_cache = contract.allocate(dims, k.dtype, k.device)
-    write(*contract.split(kv_cache, dims), paging, k, v)
+    kv_cache = views.allocate(contract, dims, k.dtype, k.device)
+    write(*views.split(contract, kv_cache, dims), paging, k, v)
     return kv_cache
 
 

@@ -31,7 +31,7 @@ from triton.runtime.cache import FileCacheManager
 
 from harness.cache import Paging, filled, paging
 from harness.cases import Case
-from harness.contract import Contract, Dims
+from harness.contract import Contract, Dims, views
 
 MANAGER = f"{__name__}:CountingCacheManager"
 _counts = {"compiled": 0, "loaded": 0}
@@ -159,7 +159,7 @@ def forwards(subject: object, case: Case, contract: Contract, dims: Dims, pages:
     k, v = contract.dtype.stored(k), contract.dtype.stored(v)
     tile = subject.tile_config(case)
     subject.dense_forward(case, q, k, v, tile)
-    keys, values = contract.split(filled(contract, dims, pages, k, v), dims)
+    keys, values = views.split(contract, filled(contract, dims, pages, k, v), dims)
     subject.paged_forward(case, q, keys, values, pages, tile)
 
 

@@ -142,15 +142,14 @@ def _setting(c: Contract) -> str:
 
 def _contract_diff(a: Contract, b: Contract) -> list[str]:
     out = []
-    if a.logical != b.logical:
-        out.append(
-            f"logical axes [{','.join(a.logical)}] ({a.family}) -> [{','.join(b.logical)}] ({b.family})"
-        )
-        moved = [ax for ax in a.logical if ax in b.logical and a.logical.index(ax) != b.logical.index(ax)]
+    x, y = a.layout, b.layout
+    if x.logical != y.logical:
+        out.append(f"logical axes [{','.join(x.logical)}] ({x.family}) -> [{','.join(y.logical)}] ({y.family})")
+        moved = [ax for ax in x.logical if ax in y.logical and x.logical.index(ax) != y.logical.index(ax)]
         if moved:
-            out.append(f"axes moved: {', '.join(f'{ax} {a.logical.index(ax)}->{b.logical.index(ax)}' for ax in moved)}")
-    if a.physical != b.physical:
-        out.append(f"physical (stride) order {'.'.join(a.physical)} -> {'.'.join(b.physical)}")
+            out.append(f"axes moved: {', '.join(f'{ax} {x.logical.index(ax)}->{y.logical.index(ax)}' for ax in moved)}")
+    if x.physical != y.physical:
+        out.append(f"physical (stride) order {'.'.join(x.physical)} -> {'.'.join(y.physical)}")
     if a.split_rule != b.split_rule:
         out.append(f"K/V split {a.split_rule} -> {b.split_rule}")
     return out
@@ -192,11 +191,11 @@ def table(root: Path = ROOT) -> str:
             before = previous.get((backend, dtype))
             change = "new" if before is None else "same" if current == before else "**changed**"
             previous[(backend, dtype)] = current
-            for family in dict.fromkeys(c.family for c in cs):
-                fc = [c for c in cs if c.family == family]
-                orders = " ".join(".".join(c.physical) for c in fc)
+            for family in dict.fromkeys(c.layout.family for c in cs):
+                fc = [c for c in cs if c.layout.family == family]
+                orders = " ".join(".".join(c.layout.physical) for c in fc)
                 rows.append(f"| {release} | {backend} | {dtype} | {family}{' (diff-KV)' if fc[0].diff_kv else ''} "
-                            f"| ({','.join(fc[0].logical)}) | {orders} | {fc[0].split_rule} | "
+                            f"| ({','.join(fc[0].layout.logical)}) | {orders} | {fc[0].split_rule} | "
                             f"{_observed(rec, backend, dtype)} | {change} |")
                 change = ""
     return "\n".join(rows)
@@ -210,8 +209,8 @@ def matrix(root: Path = ROOT) -> str:
         rec = load(release, root)
         row = {}
         for key, cs in _keyed(rec).items():
-            fams = dict.fromkeys(c.family + ("+diff-KV" if c.diff_kv else "") for c in cs)
-            row[key] = " ".join(f"{f} ×{sum(1 for c in cs if c.family == f.split('+')[0])}" for f in fams)
+            fams = dict.fromkeys(c.layout.family + ("+diff-KV" if c.diff_kv else "") for c in cs)
+            row[key] = " ".join(f"{f} ×{sum(1 for c in cs if c.layout.family == f.split('+')[0])}" for f in fams)
         cells.append((release, row))
     seen = list(dict.fromkeys(k for _, row in cells for k in row))
     backends = list(dict.fromkeys(b for b, _ in seen))

@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 
 from harness.backends import BACKENDS, LAYOUT_ENV, LAYOUT_VALUES, backend_named, layout_env
-from harness.contract import Contract, ContractError, Dims
+from harness.contract import Contract, ContractError, Dims, views
 from harness.fixtures import Recording
 from harness.probe import backends, patched
 
@@ -128,7 +128,7 @@ def contract_of(layer: Layer) -> Contract:
         else:
             raise ContractError(f"{layer.describe()}: the backend has no get_kv_cache_shape and no KVCacheLayout is "
                                 "in force: its layout cannot be asked")
-    return Contract(logical, physical, origin, layer.cache_dtype, b.diff_kv)
+    return Contract.of(logical, physical, origin, layer.cache_dtype, b.diff_kv)
 
 
 def _stride_ordered(cls: type, logical: tuple[str, ...], cross_layer: bool) -> tuple[str, ...]:
@@ -154,12 +154,12 @@ def _layout_member(layer: Layer):
                             f"{', '.join(m.name for m in enum)}") from None
 
 
-def views(kv_cache: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
+def kv_views(kv_cache: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V views [B, N, H, D] of `layer`'s kv_cache, laid out as `contract_of(layer)`; ContractError naming the
     tensor's shape and that layout for a tensor not of it."""
     c = contract_of(layer)
     dims = None
-    if kv_cache.dim() == len(c.logical):
-        dims = Dims(kv_cache.shape[c.logical.index("B")], layer.block_size, layer.num_kv_heads, layer.head_size,
+    if kv_cache.dim() == len(c.layout.logical):
+        dims = Dims(kv_cache.shape[c.layout.logical.index("B")], layer.block_size, layer.num_kv_heads, layer.head_size,
                     layer.num_layers, layer.layer_index, 0 if layer.head_size_v == layer.head_size else layer.head_size_v)
-    return c.split(kv_cache, dims)
+    return views.split(c, kv_cache, dims)

@@ -216,7 +216,7 @@ def num_blocks(draw, needed: int) -> int:
 def layers(draw, contract: Contract) -> tuple[int, int]:
     """(num_layers, layer): 1..8 layers for a shared allocation (2, as long as the K/V axis, twice as often as each
     other count), any layer of them; (1, 0) otherwise."""
-    if not contract.shared:
+    if not contract.layout.shared:
         return 1, 0
     count = draw(st.sampled_from((*range(1, 9), 2)))
     return count, draw(st.integers(0, count - 1))
@@ -305,7 +305,7 @@ def ambiguous(contract: Contract, sizes: Sizes) -> list[Example]:
     page holding the one token."""
     dim = sizes.coinciding
     head_dim_v = dict(sizes.diff_kv_dims)[dim] if contract.diff_kv else 0
-    count, layer = (2, 1) if contract.shared else (1, 0)
+    count, layer = (2, 1) if contract.layout.shared else (1, 0)
     out = []
     for blocks, kv_len in ((2, dim + 1), (3, 1)):
         case = Case((1,), (kv_len,), AMBIGUOUS_KV_HEADS * max(sizes.groups), AMBIGUOUS_KV_HEADS, dim, dim,

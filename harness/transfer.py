@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from harness.cache import Paging
 from harness.compare import bits
-from harness.contract import Contract, poison
+from harness.contract import Contract, views
+from harness.contract.views import poison
 from harness.layer import Layer, in_force
 from harness.results import Word
 from harness.run.trial import Outcome, Trial, compare
@@ -80,10 +81,10 @@ def moved(t: Trial, to: Contract, to_layer: Layer, refusable: bool = False) -> O
     if not torch.equal(bits(source), bits(before)):
         changed = int((bits(source) != bits(before)).sum())
         return Outcome(Word.DIFFERS, f"extract of blocks {src} changed {changed} elements of the source cache")
-    want_k, want_v = (t[source_ids].clone() for t in ex.contract.split(p.kv_cache, dims))
+    want_k, want_v = (t[source_ids].clone() for t in views.split(ex.contract, p.kv_cache, dims))
     poison(source)
 
-    target = to.allocate(dims, ex.case.torch_dtype, device)
+    target = views.allocate(to, dims, ex.case.torch_dtype, device)
     moves = f"blocks {src} -> {dst}, num_blocks {ex.num_blocks}"
     if refusable:
         try:
@@ -98,10 +99,10 @@ def moved(t: Trial, to: Contract, to_layer: Layer, refusable: bool = False) -> O
     else:
         t.call(t.subject.inject, target, to_layer, target_ids, payload)
 
-    expected = to.allocate(dims, ex.case.torch_dtype, device)
-    ek, ev = to.split(expected, dims)
+    expected = views.allocate(to, dims, ex.case.torch_dtype, device)
+    ek, ev = views.split(to, expected, dims)
     ek[target_ids], ev[target_ids] = want_k, want_v
-    got_k, got_v = to.split(target, dims)
+    got_k, got_v = views.split(to, target, dims)
     for name, got, want in (("K", got_k, ek), ("V", got_v, ev)):
         for s, d in zip(src, dst):
             o = compare(got[d], want[d], f"{name} of source block {s} injected at block {d} ({moves}"
@@ -118,5 +119,5 @@ def moved(t: Trial, to: Contract, to_layer: Layer, refusable: bool = False) -> O
 
 def where(contract: Contract, dims, first: int) -> str:
     """Where flat element `first` of a `contract` allocation at `dims` lies, in the contract's physical axes."""
-    at = torch.unravel_index(torch.tensor(first), contract.physical_shape(dims))
-    return ", ".join(f"{a}={int(i)}" for a, i in zip(contract.physical, at))
+    at = torch.unravel_index(torch.tensor(first), views.physical_shape(contract, dims))
+    return ", ".join(f"{a}={int(i)}" for a, i in zip(contract.layout.physical, at))

@@ -73,7 +73,8 @@ SPELLINGS = {
 
 def _malformed(tmp_path, subject):
     s = _session(tmp_path, subject, "0.25.1")
-    target = next(t for t in targeting.targets(s, checks.REJECTS_MALFORMED) if t.contract.family == "blocks-first")
+    target = next(t for t in targeting.targets(s, checks.REJECTS_MALFORMED)
+                  if t.contract.layout.family == "blocks-first")
     return loop.Loop(s, "t", 1).run(target, checks.REJECTS_MALFORMED, test_malformed.check)
 
 

@@ -17,25 +17,25 @@ import torch
 import recorded
 from harness.backends import LAYOUT_ENV, layout_env
 from harness.cache import paging, read, write
-from harness.contract import Contract, ContractError, Dims, cache_dtype, cross_layer
+from harness.contract import Contract, ContractError, Dims, cache_dtype, cross_layer, views
 from harness.fixtures import save
 
 REPO = Path(__file__).resolve().parent.parent
 
-PACKED = Contract(("B", "H", "N", "C"), ("B", "H", "N", "C"), "vllm 0.33.0 FLASHINFER LBHNC single-layer")
-NVFP4 = Contract(("B", "S", "N", "D"), ("B", "S", "N", "D"), "vllm 0.33.0 FLASHINFER LBHNC single-layer", "nvfp4")
-FP8 = Contract(("B", "H", "N", "C"), ("B", "N", "H", "C"), "vllm 0.33.0 TRITON_ATTN LBNHC single-layer", "fp8_e4m3")
-PTH = Contract(("B", "H", "N", "C"), ("B", "H", "N", "C"), "vllm 0.33.0 TRITON_ATTN LBHNC single-layer",
+PACKED = Contract.of(("B", "H", "N", "C"), ("B", "H", "N", "C"), "vllm 0.33.0 FLASHINFER LBHNC single-layer")
+NVFP4 = Contract.of(("B", "S", "N", "D"), ("B", "S", "N", "D"), "vllm 0.33.0 FLASHINFER LBHNC single-layer", "nvfp4")
+FP8 = Contract.of(("B", "H", "N", "C"), ("B", "N", "H", "C"), "vllm 0.33.0 TRITON_ATTN LBNHC single-layer", "fp8_e4m3")
+PTH = Contract.of(("B", "H", "N", "C"), ("B", "H", "N", "C"), "vllm 0.33.0 TRITON_ATTN LBHNC single-layer",
                "fp8_per_token_head")
-DIFF = Contract(("B", "N", "H", "C"), ("B", "N", "H", "C"), "vllm 0.22.1 FLASH_ATTN_DIFFKV NHD", diff_kv=True)
-LATENT = Contract(("B", "H", "N", "R"), ("B", "H", "N", "R"), "vllm 0.33.0 TRITON_MLA LBHNC single-layer")
+DIFF = Contract.of(("B", "N", "H", "C"), ("B", "N", "H", "C"), "vllm 0.22.1 FLASH_ATTN_DIFFKV NHD", diff_kv=True)
+LATENT = Contract.of(("B", "H", "N", "R"), ("B", "H", "N", "R"), "vllm 0.33.0 TRITON_MLA LBHNC single-layer")
 FORMS = [PACKED, NVFP4, FP8, PTH, DIFF, cross_layer(NVFP4, False), cross_layer(PTH, True),
-         Contract(("B", "KV", "N", "H", "D"), ("B", "KV", "H", "N", "D"), cache_dtype="nvfp4"),
-         Contract(("B", "KV", "N", "H", "D"), ("B", "KV", "N", "H", "D"), cache_dtype="fp8_per_token_head")]
+         Contract.of(("B", "KV", "N", "H", "D"), ("B", "KV", "H", "N", "D"), cache_dtype="nvfp4"),
+         Contract.of(("B", "KV", "N", "H", "D"), ("B", "KV", "N", "H", "D"), cache_dtype="fp8_per_token_head")]
 
 
 def dims_for(c: Contract) -> Dims:
-    return Dims(5, 16, 2, 32, num_layers=3 if c.shared else 1, layer=1 if c.shared else 0,
+    return Dims(5, 16, 2, 32, num_layers=3 if c.layout.shared else 1, layer=1 if c.layout.shared else 0,
                 head_dim_v=24 if c.diff_kv else 0)
 
 
@@ -50,13 +50,13 @@ def test_every_form_round_trips_tokens_through_its_split(c):
     d = dims_for(c)
     pages = paging((40, 20), d.block_size, d.num_blocks, "shuffled", 3)
     k, v = tokens(c, d, 60)
-    kv_cache = c.allocate(d, torch.float16)
+    kv_cache = views.allocate(c, d, torch.float16)
     assert kv_cache.dtype == c.dtype.cache_element(torch.float16)
-    write(*c.split(kv_cache, d), pages, k, v)
-    got_k, got_v = read(*c.split(kv_cache, d), pages)
+    write(*views.split(c, kv_cache, d), pages, k, v)
+    got_k, got_v = read(*views.split(c, kv_cache, d), pages)
     assert torch.equal(got_k.view(torch.uint8), k.view(torch.uint8))
     assert torch.equal(got_v.view(torch.uint8), v.view(torch.uint8))
-    geo = c.geometry(d)
+    geo = views.geometry(c, d)
     assert geo.k.shape == (d.num_blocks, d.block_size, d.kv_heads, c.dtype.width(d.head_dim))
     assert geo.v.shape == (d.num_blocks, d.block_size, d.kv_heads, c.dtype.width(d.v_dim))
     assert Contract.from_json(c.to_json()) == c
@@ -64,9 +64,9 @@ def test_every_form_round_trips_tokens_through_its_split(c):
 
 def test_nvfp4_k_and_v_are_the_two_halves_of_the_heads_axis():
     d = dims_for(NVFP4)
-    kv_cache = NVFP4.allocate(d, torch.float16)
+    kv_cache = views.allocate(NVFP4, d, torch.float16)
     assert tuple(kv_cache.shape) == (5, 4, 16, 18)  # (B, 2H, N, D/2 + D/16), as FlashInfer's customize_spec
-    k, v = NVFP4.split(kv_cache, d)
+    k, v = views.split(NVFP4, kv_cache, d)
     assert k.data_ptr() == kv_cache[:, :2].data_ptr() and v.data_ptr() == kv_cache[:, 2:].data_ptr()
     with pytest.raises(ContractError, match="opaque bytes"):
         NVFP4.dtype.data(k, d.head_dim)
@@ -74,9 +74,9 @@ def test_nvfp4_k_and_v_are_the_two_halves_of_the_heads_axis():
 
 def test_per_token_head_sides_are_padded_by_their_inline_scale():
     d = dims_for(PTH)
-    kv_cache = PTH.allocate(d, torch.float16)
+    kv_cache = views.allocate(PTH, d, torch.float16)
     assert tuple(kv_cache.shape) == (5, 2, 16, 72) and kv_cache.dtype == torch.uint8  # 2 * (32 + 4)
-    k, v = PTH.split(kv_cache, d)
+    k, v = views.split(PTH, kv_cache, d)
     assert k.dtype == torch.float8_e4m3fn and k.shape[-1] == v.shape[-1] == 36
     rows_k, rows_v = tokens(PTH, d, 1)
     k[0, 0] = rows_k[0]
@@ -86,48 +86,48 @@ def test_per_token_head_sides_are_padded_by_their_inline_scale():
 
 def test_fp8_views_are_retyped_byte_caches():
     d = dims_for(FP8)
-    kv_cache = FP8.allocate(d, torch.bfloat16)
+    kv_cache = views.allocate(FP8, d, torch.bfloat16)
     assert kv_cache.dtype == torch.uint8 and bool((kv_cache == 0xFF).all())  # poisoned: NaN as e4m3
-    k, _ = FP8.split(kv_cache, d)
+    k, _ = views.split(FP8, kv_cache, d)
     assert k.dtype == torch.float8_e4m3fn and bool(k.float().isnan().all())
     with pytest.raises(ContractError, match="element type torch.bfloat16, expected torch.uint8"):
-        FP8.split(torch.zeros(5, 2, 16, 64, dtype=torch.bfloat16))
+        views.split(FP8, torch.zeros(5, 2, 16, 64, dtype=torch.bfloat16))
 
 
 def test_a_wrong_split_of_a_diff_kv_cache_reads_other_tokens():
     d = dims_for(DIFF)
     pages = paging((30,), d.block_size, d.num_blocks, "reversed")
     k, v = tokens(DIFF, d, 30, seed=1)
-    kv_cache = DIFF.allocate(d, torch.float16)
-    write(*DIFF.split(kv_cache, d), pages, k, v)
+    kv_cache = views.allocate(DIFF, d, torch.float16)
+    write(*views.split(DIFF, kv_cache, d), pages, k, v)
     assert tuple(kv_cache.shape) == (5, 16, 2, 56)  # C = 32 + 24
     t = kv_cache  # already [B, N, H, C]
     halves = (t[..., :28], t[..., 28:])  # the equal-halves split FlashAttention's packed family uses
     wrong_k, _ = read(*halves, pages)
     assert wrong_k.shape != k.shape or not torch.equal(wrong_k, k)
     with pytest.raises(ContractError, match="diff-KV split needs the dims"):
-        DIFF.split(kv_cache)
+        views.split(DIFF, kv_cache)
     with pytest.raises(ContractError, match="V head dim 24 != K head dim 32"):
-        PACKED.allocate(d, torch.float16)
+        views.allocate(PACKED, d, torch.float16)
 
 
 def test_latent_cache_has_one_view_and_no_pair():
     d = Dims(5, 16, 1, 576)
-    kv_cache = LATENT.allocate(d, torch.float16)
-    assert tuple(LATENT.latent_view(kv_cache, d).shape) == (5, 16, 576)
+    kv_cache = views.allocate(LATENT, d, torch.float16)
+    assert tuple(views.latent_view(LATENT, kv_cache, d).shape) == (5, 16, 576)
     with pytest.raises(ContractError, match="holds no K/V pair"):
-        LATENT.split(kv_cache, d)
+        views.split(LATENT, kv_cache, d)
     with pytest.raises(ContractError, match="one head slot"):
-        LATENT.allocate(Dims(5, 16, 2, 576), torch.float16)
+        views.allocate(LATENT, Dims(5, 16, 2, 576), torch.float16)
 
 
 @pytest.mark.parametrize("bad, match", [
-    (lambda: Contract(("B", "S", "N", "C"), ("B", "S", "N", "C")), "unknown logical layout"),
-    (lambda: Contract(("B", "H", "N", "C"), ("B", "H", "N", "C"), cache_dtype="int4_per_token_head"),
+    (lambda: Contract.of(("B", "S", "N", "C"), ("B", "S", "N", "C")), "unknown logical layout"),
+    (lambda: Contract.of(("B", "H", "N", "C"), ("B", "H", "N", "C"), cache_dtype="int4_per_token_head"),
      "unknown cache dtype 'int4_per_token_head'"),
-    (lambda: Contract(("KV", "B", "N", "H", "D"), ("KV", "B", "N", "H", "D"), diff_kv=True), "packed in C"),
-    (lambda: Contract(("B", "N", "R"), ("B", "N", "R"), cache_dtype="nvfp4"), "latent cache in nvfp4"),
-    (lambda: Contract(("B", "H", "N", "C"), ("B", "H", "N", "C"), cache_dtype="nvfp4", diff_kv=True),
+    (lambda: Contract.of(("KV", "B", "N", "H", "D"), ("KV", "B", "N", "H", "D"), diff_kv=True), "packed in C"),
+    (lambda: Contract.of(("B", "N", "R"), ("B", "N", "R"), cache_dtype="nvfp4"), "latent cache in nvfp4"),
+    (lambda: Contract.of(("B", "H", "N", "C"), ("B", "H", "N", "C"), cache_dtype="nvfp4", diff_kv=True),
      "unequal K/V head dims in a nvfp4 cache"),
 ])
 def test_inexpressible_contracts_are_rejected_by_name(bad, match):

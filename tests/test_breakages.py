@@ -26,6 +26,7 @@ from harness import checks, findings, fixtures  # noqa: E402
 from harness.run import loop, session as sessions, targets as targeting  # noqa: E402
 from harness.run.regressions import Regression  # noqa: E402
 from harness.cases import Case  # noqa: E402
+from harness.contract import views  # noqa: E402
 from harness.layer import Layer  # noqa: E402
 
 from harness.strategies import Example  # noqa: E402
@@ -44,14 +45,14 @@ BLOCK = HEAD = 64  # block size == head size
 
 def _shown(c, dims, axes) -> list[str]:
     """`axes` without those of size 1 at `dims` (they address nothing)."""
-    return [a for a in axes if c.size(a, dims) > 1]
+    return [a for a in axes if views.size(c, a, dims) > 1]
 
 
 def _memory(c, dims) -> list[str]:
     """The layer's axes in memory order as a consumer addressing it from its first element meets them: its
     contract's physical order without the axes of size 1, and without L where L is outermost (each layer's view is
     then a contiguous block)."""
-    order = _shown(c, dims, c.physical)
+    order = _shown(c, dims, c.layout.physical)
     return order[1:] if order[:1] == ["L"] else order
 
 
@@ -75,12 +76,12 @@ def _recorded_hint(layer: Layer) -> str | None:
 
 def size_two_is_kv(layer, c, dims, peer) -> bool:
     # The first axis of size 2 ahead of the innermost is read as the K/V pair.
-    first = next((a for a in c.logical[:-1] if c.size(a, dims) == 2), None)
-    if len(c.logical) == 5:
+    first = next((a for a in c.layout.logical[:-1] if views.size(c, a, dims) == 2), None)
+    if len(c.layout.logical) == 5:
         return first != "KV"
-    if c.logical == ("B", "S", "N", "D"):
+    if c.layout.logical == ("B", "S", "N", "D"):
         return first != "S"  # S has size 2 with one KV head: its two slots are K and V
-    if c.logical == ("B", "H", "N", "C"):
+    if c.layout.logical == ("B", "H", "N", "C"):
         return first is not None or (c.diff_kv and dims.v_dim != dims.head_dim)
     return True  # packed-tokens [B, N, H, C]: neither reading fits
 
@@ -88,29 +89,30 @@ def size_two_is_kv(layer, c, dims, peer) -> bool:
 # (consumer, check) -> where it must be caught. Written before the gallery was first run.
 RULES = {
     (lmcache_4463.SizeTwoIsKV, checks.SPLIT_AGREES): size_two_is_kv,
-    (flexkv_187.KvFirst, checks.SPLIT_AGREES): lambda layer, c, dims, peer: c.family != "kv-first",
+    (flexkv_187.KvFirst, checks.SPLIT_AGREES): lambda layer, c, dims, peer: c.layout.family != "kv-first",
     (flexkv_187.SizeTwoAtOne, checks.SPLIT_AGREES):
-        lambda layer, c, dims, peer: c.family == "kv-first" and dims.num_blocks == 2,
+        lambda layer, c, dims, peer: c.layout.family == "kv-first" and dims.num_blocks == 2,
     # A side's stored row is wider than the head (an inline scale, NVFP4's packing) where get_kv_cache_shape is asked.
     (kvcached_424.WithoutCacheDtype, checks.SPLIT_AGREES):
         lambda layer, c, dims, peer: hasattr(layer.backend, "get_kv_cache_shape")
         and c.dtype.width(dims.head_dim) != dims.head_dim,
     # A raw block is right where both settings order a block's memory alike (the axes inside B, L, of size > 1).
     (vllm_55904.RawBlocks, checks.RELAYOUT):
-        lambda layer, c, dims, peer: [a for a in _shown(c, dims, c.physical) if a not in ("L", "B")]
-        != [a for a in _shown(peer, dims, peer.physical) if a not in ("L", "B")],
+        lambda layer, c, dims, peer: [a for a in _shown(c, dims, c.layout.physical) if a not in ("L", "B")]
+        != [a for a in _shown(peer, dims, peer.layout.physical) if a not in ("L", "B")],
     (vllm_55904.RawBlocks, checks.TRANSFER): lambda layer, c, dims, peer: False,
     (lmcache_4729.LayoutHint, checks.SPLIT_AGREES):
         lambda layer, c, dims, peer: _memory(c, dims)
-        != _shown(c, dims, _heads_outside(c.logical, _recorded_hint(layer) == "HND")),
+        != _shown(c, dims, _heads_outside(c.layout.logical, _recorded_hint(layer) == "HND")),
     (dynamo_12750.OuterContiguous, checks.SPLIT_AGREES):
-        lambda layer, c, dims, peer: "KV" not in c.logical
-        or _memory(c, dims) != _shown(c, dims, ["KV", "B"] + [a for a in c.physical if a not in ("L", "KV", "B")]),
+        lambda layer, c, dims, peer: "KV" not in c.layout.logical
+        or _memory(c, dims) != _shown(c, dims,
+                                      ["KV", "B"] + [a for a in c.layout.physical if a not in ("L", "KV", "B")]),
     (nixl_hetero_tp.HeadsOutsideTokens, checks.SPLIT_AGREES):
-        lambda layer, c, dims, peer: _memory(c, dims) != _shown(c, dims, _heads_outside(c.logical, True)),
+        lambda layer, c, dims, peer: _memory(c, dims) != _shown(c, dims, _heads_outside(c.layout.logical, True)),
     (vllm_49011.HeadMajorNvfp4, checks.SPLIT_AGREES):
-        lambda layer, c, dims, peer: "S" in c.logical
-        and _memory(c, dims) != _shown(c, dims, _heads_outside(c.logical, True)),
+        lambda layer, c, dims, peer: "S" in c.layout.logical
+        and _memory(c, dims) != _shown(c, dims, _heads_outside(c.layout.logical, True)),
 }
 TWINS = {lmcache_4463.StatedLayout: checks.SPLIT_AGREES, flexkv_187.AskedKVAxis: checks.SPLIT_AGREES,
          kvcached_424.WithCacheDtype: checks.SPLIT_AGREES, vllm_55904.ViewBlocks: checks.RELAYOUT,
@@ -127,7 +129,7 @@ def session(tmp_path_factory):
 
 def _examples(target, sizes=SIZES):
     c = target.contract
-    layers = (2, 1) if c.shared or (target.peer is not None and target.peer.shared) else (1, 0)
+    layers = (2, 1) if c.layout.shared or (target.peer is not None and target.peer.layout.shared) else (1, 0)
     for kv_heads, blocks in sizes:
         case = Case((BLOCK + 1,), (BLOCK + 1,), kv_heads, kv_heads, HEAD, BLOCK, "bfloat16", seed=blocks)
         yield Example(case, c, blocks, *layers, page_order="reversed", head_dim_v=HEAD // 2 if c.diff_kv else 0)

@@ -20,7 +20,7 @@ from harness import reference  # noqa: E402
 from harness.cache import Paging, paging, write  # noqa: E402
 from harness.cases import Case, Sparsity  # noqa: E402
 from harness.compare import assert_bit_identical, diagnose  # noqa: E402
-from harness.contract import Contract, Dims, cross_layer, families  # noqa: E402
+from harness.contract import Contract, Dims, cross_layer, families, views  # noqa: E402
 from harness.subjects import builtin  # noqa: E402
 from harness.subjects.builtin import BuiltinSubject  # noqa: E402
 from kvconform.subjects.mutants import MUTANTS, Mutant, mutant_subject, mutated_source  # noqa: E402
@@ -32,7 +32,7 @@ CUDA = DEVICE == "cuda"
 SUBJECT = BuiltinSubject()
 CONTRACTS = families() + [cross_layer(families()[0], True), cross_layer(families()[5], False)]
 NHD_KV_FIRST = families()[0]
-assert NHD_KV_FIRST.order == "NHD" and NHD_KV_FIRST.family == "kv-first"
+assert NHD_KV_FIRST.layout.order == "NHD" and NHD_KV_FIRST.layout.family == "kv-first"
 
 # Why these tolerances: scores, softmax and the PV accumulation run in fp32, so what remains is rounding to the
 # input dtype: each probability is rounded to the dtype before the PV product (relative error <= u, so <= u*max|V|
@@ -92,8 +92,8 @@ def paged_run(subject, case: Case, contract: Contract, q, k, v, order: str = "sh
     """The paged forward over `contract`'s K/V views of a fresh NaN-poisoned cache holding k, v (plus spare pages)."""
     dims = Dims(case.blocks_needed() + 5, case.block_size, case.kv_heads, case.head_dim,
                 num_layers=layers, layer=layers // 2)
-    kv_cache = contract.allocate(dims, case.torch_dtype, DEVICE)
-    k_cache, v_cache = contract.split(kv_cache, dims)
+    kv_cache = views.allocate(contract, dims, case.torch_dtype, DEVICE)
+    k_cache, v_cache = views.split(contract, kv_cache, dims)
     pages = paging(case.kv_lens, case.block_size, dims.num_blocks, order, seed=case.seed).to(DEVICE)
     write(k_cache, v_cache, pages, k, v)
     return subject.paged_forward(case, q, k_cache, v_cache, pages, subject.tile_config(case))
@@ -144,7 +144,7 @@ def test_paged_bit_identical_to_dense(contract, case):
     q, k, v = inputs(case, q_factor)
     dense = SUBJECT.dense_forward(case, q, k, v, SUBJECT.tile_config(case))
     for order in ("shuffled", "reversed"):
-        paged = paged_run(SUBJECT, case, contract, q, k, v, order, layers=3 if contract.shared else 1)
+        paged = paged_run(SUBJECT, case, contract, q, k, v, order, layers=3 if contract.layout.shared else 1)
         assert_bit_identical(paged, dense, f"{contract.describe()} pages {order}, case {case}")
 
 
@@ -166,8 +166,8 @@ def no_launch(monkeypatch):
 def _paged_inputs(case: Case, dtype=None):
     q, k, v = case.inputs()
     dims = Dims(case.blocks_needed() + 1, case.block_size, case.kv_heads, case.head_dim)
-    kv_cache = NHD_KV_FIRST.allocate(dims, dtype or case.torch_dtype)
-    k_cache, v_cache = NHD_KV_FIRST.split(kv_cache)
+    kv_cache = views.allocate(NHD_KV_FIRST, dims, dtype or case.torch_dtype)
+    k_cache, v_cache = views.split(NHD_KV_FIRST, kv_cache)
     return q, k_cache, v_cache, paging(case.kv_lens, case.block_size, dims.num_blocks)
 
 

@@ -1,6 +1,6 @@
-"""Subjects declare capabilities (split, transfer, forward) and checks declare what they need (`NEEDS`): a KV-cache
-consumer that runs no attention gets the checks it can take and, for each other check, one not-applicable line per
-release (never a pass, never a finding) and no pytest item."""
+"""Subjects declare capabilities (split, transfer, forward) and checks declare what they need (`Check.needs`): a
+KV-cache consumer that runs no attention gets the checks it can take and, for each other check, one not-applicable
+line per release (never a pass, never a finding) and no pytest item."""
 
 import json
 import re
@@ -18,7 +18,7 @@ pytest_plugins = ["pytester"]
 
 CONSUMER = '''
 """A host project's KV-cache consumer (an RL framework reading the cache): a split, no attention, no supports."""
-from harness.layer import views
+from harness.layer import kv_views
 
 
 class Correct:
@@ -26,7 +26,7 @@ class Correct:
     capabilities = frozenset({"split"})
 
     def split(self, kv_cache, layer):
-        return views(kv_cache, layer)
+        return kv_views(kv_cache, layer)
 
 
 class Unbinds(Correct):
@@ -35,7 +35,7 @@ class Unbinds(Correct):
     name = "consumer-unbinds"
 
     def split(self, kv_cache, layer):
-        views(kv_cache, layer)  # the same shape checks as Correct: a malformed cache is refused alike
+        kv_views(kv_cache, layer)  # the same shape checks as Correct: a malformed cache is refused alike
         k, v, *_ = kv_cache.unbind(0)
         return k, v
 '''

@@ -21,7 +21,7 @@ from hypothesis import strategies as st  # noqa: E402
 from harness import checks, compiles, findings, fixtures  # noqa: E402
 from harness.run import session as sessions, targets as targeting, warmup  # noqa: E402
 from harness.cases import Case  # noqa: E402
-from harness.contract import families  # noqa: E402
+from harness.contract import cache_dtype, families  # noqa: E402
 from harness.strategies import CPU, GPU, examples, warmup_shards  # noqa: E402
 from harness.subjects import builtin, load_subject  # noqa: E402
 from harness.subjects.builtin import BuiltinSubject  # noqa: E402
@@ -144,7 +144,7 @@ def test_a_launch_key_tells_apart_what_triton_compiles_apart(launches):
     case = Case((1,), (40,), 2, 1, 64, 16)
     contract = families()[0]
     model = launches(case, contract, *compiles.warm_paging(case))
-    fp8 = launches(case, dataclasses.replace(contract, cache_dtype="fp8_e4m3"), *compiles.warm_paging(case))
+    fp8 = launches(case, dataclasses.replace(contract, dtype=cache_dtype("fp8_e4m3")), *compiles.warm_paging(case))
     longer = launches(dataclasses.replace(case, kv_lens=(4000,)), contract, *compiles.warm_paging(
         dataclasses.replace(case, kv_lens=(4000,))))
     assert model != fp8  # the K/V pointers' element type
@@ -185,7 +185,7 @@ def test_a_finished_warm_up_is_not_repeated_in_the_same_cache(tmp_path, monkeypa
     subject = load_subject("builtin")
     key = compiles.fingerprint(subject, shards, [families()[4]], ["cpu"])
     assert key != compiles.fingerprint(subject, shards[:1], [families()[4]], ["cpu"])  # other cases, another warm-up
-    fp8 = dataclasses.replace(families()[4], cache_dtype="fp8_e4m3")
+    fp8 = dataclasses.replace(families()[4], dtype=cache_dtype("fp8_e4m3"))
     assert key != compiles.fingerprint(subject, shards, [families()[4], fp8], ["cpu"])  # another K/V type
     first = compiles.warm("builtin", shards, [families()[4]], ["cpu"], 1, key)
     again = compiles.warm("builtin", shards, [families()[4]], ["cpu"], 1, key)

@@ -12,18 +12,18 @@ from hypothesis import strategies as st
 
 from harness.cache import paging, read, write
 from harness.compare import diagnose
-from harness.contract import Contract, ContractError, Dims, cross_layer, families
+from harness.contract import Contract, ContractError, Dims, cross_layer, families, views
 
 SINGLE = families()
 SHARED = [cross_layer(c, outer) for c in SINGLE for outer in (True, False)]
-GENERIC_PACKED = [Contract(("B", "H", "N", "C"), p + ("C",)) for p in itertools.permutations("LBHN")]
+GENERIC_PACKED = [Contract.of(("B", "H", "N", "C"), p + ("C",)) for p in itertools.permutations("LBHN")]
 ALL = list(dict.fromkeys(SINGLE + SHARED + GENERIC_PACKED))  # the generic packed set repeats two cross-layer ones
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
 
 @st.composite
 def dims_for(draw, contract: Contract) -> Dims:
-    layers = draw(st.integers(1, 8)) if contract.shared else 1
+    layers = draw(st.integers(1, 8)) if contract.layout.shared else 1
     return Dims(
         num_blocks=draw(st.integers(1, 6)),
         block_size=16 * draw(st.integers(1, 4)),
@@ -54,7 +54,7 @@ def filled_cache(draw):
 
 def physical_buffer(kv_cache: torch.Tensor, contract: Contract, dims: Dims) -> torch.Tensor:
     """The whole allocation behind a layer's kv_cache, in memory order (independent of `split`)."""
-    shape = contract.physical_shape(dims)
+    shape = views.physical_shape(contract, dims)
     return torch.as_strided(kv_cache, shape, _contiguous_strides(shape), 0)
 
 
@@ -65,23 +65,23 @@ def _contiguous_strides(shape):
 def expected_location(contract: Contract, dims: Dims, kv: int, page: int, offset: int, head: int, dim: int):
     """Index into the physical buffer of one K (kv=0) or V (kv=1) element, from the contract's axis names alone."""
     at = {"L": dims.layer, "B": page, "N": offset, "H": head}
-    if contract.packed:
+    if contract.layout.packed:
         at["C"] = kv * dims.head_dim + dim
     else:
         at.update(KV=kv, D=dim)
-    return tuple(at[a] for a in contract.physical)
+    return tuple(at[a] for a in contract.layout.physical)
 
 
 @settings(max_examples=150, deadline=None)
 @given(filled_cache())
 def test_round_trip_is_bit_exact_and_lands_where_the_physical_order_says(data):
     contract, dims, pages, k, v = data
-    kv_cache = contract.allocate(dims, k.dtype)
-    kc, vc = contract.split(kv_cache, dims)
+    kv_cache = views.allocate(contract, dims, k.dtype)
+    kc, vc = views.split(contract, kv_cache, dims)
     assert kc.shape == vc.shape == (dims.num_blocks, dims.block_size, dims.kv_heads, dims.head_dim)
     write(kc, vc, pages, k, v)
 
-    k_back, v_back = read(*contract.split(kv_cache, dims), pages)
+    k_back, v_back = read(*views.split(contract, kv_cache, dims), pages)
     assert diagnose(k_back, k) is None and diagnose(v_back, v) is None
 
     buf = physical_buffer(kv_cache, contract, dims)
@@ -99,8 +99,8 @@ def test_round_trip_is_bit_exact_and_lands_where_the_physical_order_says(data):
         page, offset = divmod(slot, dims.block_size)
         for kv in (0, 1):
             idx = list(expected_location(contract, dims, kv, page, offset, 0, 0))
-            last = contract.physical[-1]
-            h_axis = contract.physical.index("H")
+            last = contract.layout.physical[-1]
+            h_axis = contract.layout.physical.index("H")
             idx[h_axis] = slice(None)
             idx[-1] = slice(kv * dims.head_dim, (kv + 1) * dims.head_dim) if last == "C" else slice(None)
             written[tuple(idx)] = True
@@ -109,9 +109,9 @@ def test_round_trip_is_bit_exact_and_lands_where_the_physical_order_says(data):
 
 @pytest.mark.parametrize("contract", ALL, ids=lambda c: c.name)
 def test_split_views_alias_the_cache(contract):
-    dims = Dims(3, 16, 2, 8, num_layers=2 if contract.shared else 1, layer=1 if contract.shared else 0)
-    kv_cache = contract.allocate(dims, torch.float32)
-    k, v = contract.split(kv_cache, dims)
+    dims = Dims(3, 16, 2, 8, num_layers=2 if contract.layout.shared else 1, layer=1 if contract.layout.shared else 0)
+    kv_cache = views.allocate(contract, dims, torch.float32)
+    k, v = views.split(contract, kv_cache, dims)
     k.fill_(1.0)
     v.fill_(2.0)
     assert kv_cache.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
@@ -122,13 +122,13 @@ def test_geometry_distinguishes_every_contract():
     dims = Dims(3, 16, 4, 8, num_layers=2, layer=1)
     seen = {}
     for c in ALL:
-        geo = c.geometry(dims)
+        geo = views.geometry(c, dims)
         assert geo not in seen, f"{c.name} and {seen.get(geo)} have the same geometry"
         seen[geo] = c.name
 
 
 def test_families_cover_both_orders_of_each_layout():
-    assert sorted((c.family, c.order) for c in SINGLE) == sorted(
+    assert sorted((c.layout.family, c.layout.order) for c in SINGLE) == sorted(
         itertools.product(["kv-first", "blocks-first", "packed"], ["NHD", "HND"])
     )
 
@@ -141,7 +141,7 @@ DIMS = Dims(num_blocks=3, block_size=16, kv_heads=4, head_dim=8)
 
 def assert_rejected(contract, tensor, reason, dims=None):
     with pytest.raises(ContractError) as err:
-        contract.split(tensor, dims)
+        views.split(contract, tensor, dims)
     msg = str(err.value)
     assert reason in msg
     assert str(tuple(tensor.shape)) in msg and str(tuple(tensor.stride())) in msg
@@ -176,14 +176,14 @@ def test_rejects_non_unit_innermost_stride():
 
 def test_rejects_a_cache_whose_memory_order_is_not_the_contracts():
     hnd = SINGLE[3]
-    assert hnd.order == "HND"
+    assert hnd.layout.order == "HND"
     contiguous = torch.zeros(3, 2, 16, 4, 8)
     assert_rejected(hnd, contiguous, "axis H has stride 8 but the axes inside it in memory [N,D] span 512")
 
 
 def test_rejects_strides_of_another_allocation_when_dims_are_known():
     shared = cross_layer(BLOCKS_FIRST, layers_outermost=False)
-    layer_view = shared.allocate(Dims(3, 16, 4, 8, num_layers=2), torch.float16)
+    layer_view = views.allocate(shared, Dims(3, 16, 4, 8, num_layers=2), torch.float16)
     assert_rejected(BLOCKS_FIRST, layer_view, "axis B has stride 2048, expected 1024", DIMS)
 
 
@@ -198,40 +198,40 @@ def test_rejects_strides_of_another_allocation_when_dims_are_known():
 )
 def test_unknown_or_inconsistent_contracts_are_rejected(logical, physical, reason):
     with pytest.raises(ContractError, match=reason.replace("[", r"\[").replace("]", r"\]")):
-        Contract(logical, physical, origin="vllm 9.9.9 TEST")
+        Contract.of(logical, physical, origin="vllm 9.9.9 TEST")
 
 
 def test_error_names_the_release():
-    c = Contract(BLOCKS_FIRST.logical, BLOCKS_FIRST.physical, origin="vllm 0.33.0 FLASH_ATTN NHD")
+    c = Contract.of(BLOCKS_FIRST.layout.logical, BLOCKS_FIRST.layout.physical, origin="vllm 0.33.0 FLASH_ATTN NHD")
     with pytest.raises(ContractError, match="from vllm 0.33.0 FLASH_ATTN NHD"):
-        c.split(torch.zeros(3, 3, 16, 4, 8))
+        views.split(c, torch.zeros(3, 3, 16, 4, 8))
 
 
 def test_integer_caches_cannot_be_poisoned():
     with pytest.raises(ContractError, match="cannot poison"):
-        KV_FIRST.allocate(DIMS, torch.int8)
+        views.allocate(KV_FIRST, DIMS, torch.int8)
 
 
 # --- the round-trip check can fail: deliberately wrong splits are caught ---
 
 def unbind_wrong_axis(contract, kv_cache):
-    return kv_cache.unbind(1 if contract.logical[0] == "KV" else 0)[:2] if not contract.packed else (
+    return kv_cache.unbind(1 if contract.layout.logical[0] == "KV" else 0)[:2] if not contract.layout.packed else (
         kv_cache[:, 0].unsqueeze(1), kv_cache[:, 1].unsqueeze(1))
 
 
 def swapped_halves(contract, kv_cache):
-    k, v = contract.split(kv_cache)
+    k, v = views.split(contract, kv_cache)
     return v, k
 
 
 def physical_order_ignored(contract, kv_cache):
     # Reads the storage as if it were laid out contiguously in logical order.
     flat = torch.as_strided(kv_cache, kv_cache.shape, _contiguous_strides(kv_cache.shape), kv_cache.storage_offset())
-    return contract.split(flat)
+    return views.split(contract, flat)
 
 
 def split_of_a_copy(contract, kv_cache):
-    return contract.split(kv_cache.contiguous())
+    return views.split(contract, kv_cache.contiguous())
 
 
 def packed_halves_on_wrong_axis(contract, kv_cache):
@@ -255,13 +255,13 @@ def round_trip_failure(contract, dims, wrong_split):
     shape = (len(pages.slot_mapping), dims.kv_heads, dims.head_dim)
     g = torch.Generator().manual_seed(1)
     k, v = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
-    kv_cache = contract.allocate(dims, torch.float32)
+    kv_cache = views.allocate(contract, dims, torch.float32)
     try:
         wk, wv = wrong_split(contract, kv_cache)
         write(wk, wv, pages, k, v)
     except (RuntimeError, IndexError, ContractError) as e:  # a crash is a caught failure too
         return f"crashed: {e}"
-    k_back, v_back = read(*contract.split(kv_cache, dims), pages)
+    k_back, v_back = read(*views.split(contract, kv_cache, dims), pages)
     return diagnose(k_back, k) or diagnose(v_back, v)
 
 
@@ -269,12 +269,12 @@ def _wrong_split_cases():
     # Ignoring the memory order, or splitting a contiguous copy, is only wrong where the layer's kv_cache is not
     # already contiguous; packed-halves-on-heads only applies to packed caches.
     for contract in ALL:
-        dims = Dims(3, 16, 2, 8, num_layers=2 if contract.shared else 1)
-        contiguous = contract.allocate(dims, torch.float32, device="meta").is_contiguous()
+        dims = Dims(3, 16, 2, 8, num_layers=2 if contract.layout.shared else 1)
+        contiguous = views.allocate(contract, dims, torch.float32, device="meta").is_contiguous()
         for name in WRONG_SPLITS:
             if contiguous and name in ("physical-order-ignored", "split-of-contiguous-copy"):
                 continue
-            if name == "packed-halves-on-heads" and not contract.packed:
+            if name == "packed-halves-on-heads" and not contract.layout.packed:
                 continue
             yield pytest.param(contract, dims, name, id=f"{contract.name}-{name}")
 
@@ -286,8 +286,8 @@ def test_round_trip_catches_a_wrong_split(contract, dims, name):
 
 def test_round_trip_passes_for_the_right_split():
     for contract in ALL:
-        dims = Dims(3, 16, 2, 8, num_layers=2 if contract.shared else 1)
-        assert round_trip_failure(contract, dims, lambda c, t: c.split(t)) is None
+        dims = Dims(3, 16, 2, 8, num_layers=2 if contract.layout.shared else 1)
+        assert round_trip_failure(contract, dims, lambda c, t: views.split(c, t)) is None
 
 
 def test_a_recorded_origin_is_read_into_release_backend_and_setting():

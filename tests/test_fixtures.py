@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from harness import fixtures, matrix
-from harness.contract import Contract, ContractError, Dims
+from harness.contract import Contract, ContractError, Dims, views
 from harness.fixtures import Recording, drift
 
-NHD = Contract(("KV", "B", "N", "H", "D"), ("KV", "B", "N", "H", "D"), "vllm 0.20.2 FLASH_ATTN NHD")
-HND = Contract(("KV", "B", "N", "H", "D"), ("KV", "B", "H", "N", "D"), "vllm 0.20.2 FLASH_ATTN HND")
+NHD = Contract.of(("KV", "B", "N", "H", "D"), ("KV", "B", "N", "H", "D"), "vllm 0.20.2 FLASH_ATTN NHD")
+HND = Contract.of(("KV", "B", "N", "H", "D"), ("KV", "B", "H", "N", "D"), "vllm 0.20.2 FLASH_ATTN HND")
 
 
 def _rec(*contracts: Contract, release: str = "0.20.2") -> Recording:
@@ -62,19 +62,20 @@ def test_no_drift_between_a_recording_and_itself():
 
 
 def test_no_drift_for_a_nightly_with_the_same_contracts():
-    live = [Contract(c.logical, c.physical, dataclasses.replace(c.origin, release="0.34.0.dev1")) for c in (NHD, HND)]
+    live = [Contract.of(c.layout.logical, c.layout.physical, dataclasses.replace(c.origin, release="0.34.0.dev1"))
+            for c in (NHD, HND)]
     assert drift(_rec(NHD, HND, release="main"), _rec(*live, release="0.34.0.dev1")) == []
 
 
 def test_drift_names_a_changed_stride_order():
-    moved = Contract(HND.logical, ("KV", "B", "N", "H", "D"), HND.origin)
+    moved = Contract.of(HND.layout.logical, ("KV", "B", "N", "H", "D"), HND.origin)
     assert drift(_rec(NHD, HND), _rec(NHD, moved)) == [
         "FLASH_ATTN HND: physical (stride) order KV.B.H.N.D -> KV.B.N.H.D"
     ]
 
 
 def test_drift_names_a_moved_axis():
-    blocks_first = Contract(("B", "KV", "N", "H", "D"), ("B", "KV", "N", "H", "D"), NHD.origin)
+    blocks_first = Contract.of(("B", "KV", "N", "H", "D"), ("B", "KV", "N", "H", "D"), NHD.origin)
     assert drift(_rec(NHD), _rec(blocks_first)) == [
         "FLASH_ATTN NHD: logical axes [KV,B,N,H,D] (kv-first) -> [B,KV,N,H,D] (blocks-first)",
         "FLASH_ATTN NHD: axes moved: KV 0->1, B 1->0",
@@ -83,13 +84,13 @@ def test_drift_names_a_moved_axis():
 
 
 def test_drift_names_a_changed_split():
-    packed = Contract(("B", "H", "N", "C"), ("B", "N", "H", "C"), NHD.origin)
+    packed = Contract.of(("B", "H", "N", "C"), ("B", "N", "H", "C"), NHD.origin)
     lines = drift(_rec(NHD), _rec(packed))
     assert "FLASH_ATTN NHD: K/V split unbind KV (K=0, V=1) -> halves of C (K=C[:D], V=C[D:])" in lines
 
 
 def test_drift_names_appeared_and_gone_settings():
-    cross = Contract(NHD.logical, ("B", "L", "KV", "N", "H", "D"), "vllm 0.20.2 FLASH_ATTN NHD cross-layer")
+    cross = Contract.of(NHD.layout.logical, ("B", "L", "KV", "N", "H", "D"), "vllm 0.20.2 FLASH_ATTN NHD cross-layer")
     lines = drift(_rec(NHD, HND), _rec(NHD, cross))
     assert lines == [
         "FLASH_ATTN HND: contract gone (was " + HND.describe() + ")",
@@ -99,8 +100,8 @@ def test_drift_names_appeared_and_gone_settings():
 
 def test_table_has_one_row_per_release_backend_dtype_and_family(tmp_path):
     fixtures.save(_rec(NHD, HND), tmp_path)
-    packed = Contract(("B", "H", "N", "C"), ("B", "N", "H", "C"), "vllm 0.26.0 FLASH_ATTN NHD")
-    nvfp4 = Contract(("B", "S", "N", "D"), ("B", "S", "N", "D"), "vllm 0.26.0 FLASHINFER NHD", "nvfp4")
+    packed = Contract.of(("B", "H", "N", "C"), ("B", "N", "H", "C"), "vllm 0.26.0 FLASH_ATTN NHD")
+    nvfp4 = Contract.of(("B", "S", "N", "D"), ("B", "S", "N", "D"), "vllm 0.26.0 FLASHINFER NHD", "nvfp4")
     fixtures.save(Recording("0.26.0", (packed, nvfp4), {"method": "m"}), tmp_path)
     fixtures.save(Recording("0.27.1", (packed, nvfp4), {"method": "m"}), tmp_path)
     rows = fixtures.table(tmp_path).splitlines()
@@ -129,12 +130,12 @@ def test_recording_matches_its_matrix_entry_and_instantiates(release):
     assert rec.contracts, release
     assert rec.observations["era"] == matrix.get(release).era
     for c in rec.contracts:
-        dims = Dims(num_blocks=3, block_size=16, kv_heads=1 if c.latent else 4, head_dim=32, num_layers=5, layer=2,
-                    head_dim_v=24 if c.diff_kv else 0)
-        views = c.views(c.allocate(dims, torch.float32), dims)
+        dims = Dims(num_blocks=3, block_size=16, kv_heads=1 if c.layout.latent else 4, head_dim=32, num_layers=5,
+                    layer=2, head_dim_v=24 if c.diff_kv else 0)
+        named = views.canonical(c, views.allocate(c, dims, torch.float32), dims)
         widths = {"K": c.dtype.width(32), "V": c.dtype.width(24 if c.diff_kv else 32), "latent": 32}
-        assert {n: tuple(t.shape) for n, t in views.items()} == {
-            n: ((3, 16, 32) if n == "latent" else (3, 16, 4, widths[n])) for n in views}, c.describe()
+        assert {n: tuple(t.shape) for n, t in named.items()} == {
+            n: ((3, 16, 32) if n == "latent" else (3, 16, 4, widths[n])) for n in named}, c.describe()
     # every FLASH_ATTN model-dtype contract was read with an observed write (and every other backend's where its
     # release has do_kv_cache_update) that put K and V where its split says, and nowhere else
     writes = list(_writes(rec.observations))
@@ -157,9 +158,10 @@ def test_main_recording_says_where_it_came_from():
 
 
 def test_drift_names_the_backend_and_cache_dtype_that_moved():
-    fi = Contract(("B", "S", "N", "D"), ("B", "S", "N", "D"), "vllm 0.33.0 FLASHINFER LBHNC single-layer", "nvfp4")
-    moved = Contract(("B", "S", "N", "D"), ("B", "N", "S", "D"), "vllm 0.33.0 FLASHINFER LBHNC single-layer", "nvfp4")
-    fa = Contract(("B", "H", "N", "C"), ("B", "H", "N", "C"), "vllm 0.33.0 FLASH_ATTN LBHNC single-layer")
+    fi = Contract.of(("B", "S", "N", "D"), ("B", "S", "N", "D"), "vllm 0.33.0 FLASHINFER LBHNC single-layer", "nvfp4")
+    moved = Contract.of(("B", "S", "N", "D"), ("B", "N", "S", "D"), "vllm 0.33.0 FLASHINFER LBHNC single-layer",
+                        "nvfp4")
+    fa = Contract.of(("B", "H", "N", "C"), ("B", "H", "N", "C"), "vllm 0.33.0 FLASH_ATTN LBHNC single-layer")
     assert fixtures.drift(Recording("0.33.0", (fa, fi)), Recording("0.33.0", (fa, fi))) == []
     assert fixtures.drift(Recording("0.33.0", (fa, fi)), Recording("0.33.0", (fa, moved))) == [
         "FLASHINFER nvfp4 LBHNC single-layer: physical (stride) order B.S.N.D -> B.N.S.D"]
@@ -167,9 +169,11 @@ def test_drift_names_the_backend_and_cache_dtype_that_moved():
         f"FLASHINFER nvfp4 LBHNC single-layer: contract gone (was {fi.describe()})"]
 
 
-FI_NHD = Contract(("B", "KV", "N", "H", "D"), ("B", "KV", "N", "H", "D"), "vllm 0.26.0 FLASHINFER VLLM_KV_CACHE_LAYOUT=NHD")
-FI_HND = Contract(("B", "KV", "N", "H", "D"), ("B", "KV", "H", "N", "D"), "vllm 0.26.0 FLASHINFER VLLM_KV_CACHE_LAYOUT=HND")
-FA_NHD = Contract(("KV", "B", "N", "H", "D"), ("KV", "B", "N", "H", "D"), "vllm 0.26.0 FLASH_ATTN NHD")
+FI_NHD = Contract.of(("B", "KV", "N", "H", "D"), ("B", "KV", "N", "H", "D"),
+                     "vllm 0.26.0 FLASHINFER VLLM_KV_CACHE_LAYOUT=NHD")
+FI_HND = Contract.of(("B", "KV", "N", "H", "D"), ("B", "KV", "H", "N", "D"),
+                     "vllm 0.26.0 FLASHINFER VLLM_KV_CACHE_LAYOUT=HND")
+FA_NHD = Contract.of(("KV", "B", "N", "H", "D"), ("KV", "B", "N", "H", "D"), "vllm 0.26.0 FLASH_ATTN NHD")
 FI_READ = {"present": True, "read": True, "class": "vllm.v1.attention.backends.flashinfer.FlashInferBackend"}
 FI_UNIMPORTABLE = {"present": True, "read": False, "why": "not importable: importing "
                    "vllm.v1.attention.backends.flashinfer raised ModuleNotFoundError: No module named 'flashinfer_dep'"}

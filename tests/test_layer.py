@@ -13,7 +13,7 @@ from hypothesis import settings
 
 from harness import findings, fixtures, profiles, results
 from harness.run import loop, releases, session as sessions, targets as targeting
-from harness.contract import ContractError, Dims
+from harness.contract import ContractError, Dims, views
 from harness.layer import contract_of, in_force, layer_for, setting_of
 from harness.results import Word
 from harness.subjects import capabilities_of
@@ -27,7 +27,7 @@ import offloader  # noqa: E402
 profiles.register()
 RELEASES = {name: releases.load_release(name, fixtures.ROOT) for name in fixtures.releases()}
 # Every recorded K/V geometry, once per release, with the setting it was first read under.
-GEOMETRIES = [(r, c) for r in RELEASES.values() for c in dict.fromkeys(c for c in r.contracts if not c.latent)]
+GEOMETRIES = [(r, c) for r in RELEASES.values() for c in dict.fromkeys(c for c in r.contracts if not c.layout.latent)]
 
 
 DIFF_KV_V = 32  # V's head dim where a diff-KV contract has its own, beside K's 64
@@ -48,8 +48,7 @@ def test_reading_the_layer_through_the_api_gives_every_recorded_contract():
     wrong = []
     for r, c in GEOMETRIES:
         got = contract_of(sessions.layer_of(r, c, _dims(c), torch.bfloat16))
-        if (got.logical, got.physical, got.cache_dtype, got.diff_kv) != (c.logical, c.physical, c.cache_dtype,
-                                                                         c.diff_kv):
+        if got != c:  # layout, cache dtype and diff-KV (a contract's origin is not compared)
             wrong.append(f"{r.release} {c.origin}: {got.name} != {c.name}")
     assert not wrong, wrong[:10]
 
@@ -62,7 +61,7 @@ def test_a_layer_under_another_setting_reads_another_layout():
     import dataclasses
 
     assert contract_of(layer) == c
-    assert contract_of(dataclasses.replace(layer, kv_cache_layout="NHD")).physical != c.physical
+    assert contract_of(dataclasses.replace(layer, kv_cache_layout="NHD")).layout.physical != c.layout.physical
 
 
 def test_in_force_serves_the_release_modules_and_its_setting():
@@ -92,14 +91,14 @@ def test_an_unknown_recorded_setting_is_refused_by_name():
 
 
 def _wrong(subject, r, c, dims: Dims) -> bool:
-    kv = c.allocate(dims, torch.bfloat16)
+    kv = views.allocate(c, dims, torch.bfloat16)
     layer = sessions.layer_of(r, c, dims, torch.bfloat16)
     try:
         with in_force(layer):
             got = subject.split(kv, layer)
     except Exception:  # noqa: BLE001 - a refusal of a valid cache is as wrong as a wrong view
         return True
-    want = c.split(kv, dims)
+    want = views.split(c, kv, dims)
     return any((a.shape, a.stride(), a.storage_offset(), a.dtype) != (b.shape, b.stride(), b.storage_offset(), b.dtype)
                for a, b in zip(got, want))
 
@@ -129,12 +128,13 @@ RULES = {
     # at K's stored width: never.
     offloader.Offloader: lambda c, d: False,
     # Knows only the two 5-axis families.
-    offloader.BlocksFirstConnector: lambda c, d: len(c.logical) != 5,
+    offloader.BlocksFirstConnector: lambda c, d: len(c.layout.logical) != 5,
     # A first axis of 2 is kv-first: wrong on blocks-first with 2 blocks; 4 axes are [B, H, N, 2D]: wrong on
     # NVFP4's [B, 2H, N, D], on the diff-KV token-major [B, N, H, C], and on every diff-KV cache whose V is not as
     # wide as K (C is not two halves).
-    offloader.ShapeSniffingReader: lambda c, d: (len(c.logical) == 4 and c.logical != ("B", "H", "N", "C"))
-    or (c.family == "blocks-first" and d.num_blocks == 2) or _unequal(c, d),
+    offloader.ShapeSniffingReader: lambda c, d: (len(c.layout.logical) == 4
+                                                 and c.layout.logical != ("B", "H", "N", "C"))
+    or (c.layout.family == "blocks-first" and d.num_blocks == 2) or _unequal(c, d),
     # Halves C: wrong on every diff-KV geometry whose V head dim is not K's.
     HalvesC: _unequal,
 }
@@ -230,7 +230,7 @@ class OldProtocol:
     capabilities = frozenset({"split"})
 
     def split(self, kv_cache, contract):
-        return contract.split(kv_cache)
+        return views.split(contract, kv_cache)
 
 
 class OldSupports(OldProtocol):

@@ -31,7 +31,7 @@ from harness import fixtures, reference  # noqa: E402
 from harness.cache import paging, write  # noqa: E402
 from harness.cases import Case, Sparsity  # noqa: E402
 from harness.compare import assert_bit_identical, diagnose  # noqa: E402
-from harness.contract import Contract, ContractError, Dims, families  # noqa: E402
+from harness.contract import Contract, ContractError, Dims, families, views  # noqa: E402
 from harness.layer import in_force, layer_for  # noqa: E402
 from harness.fixtures import Recording  # noqa: E402
 from harness.subjects import SparsitySemantics, TileConfig, capabilities_of, semantics_of  # noqa: E402
@@ -69,9 +69,11 @@ def _release_for(contract: Contract) -> VllmRelease:
     answers that release's own shape, so a contract of another family would be (rightly) mis-split."""
     for r in reversed(_shape):
         rec = fixtures.load(r)
-        if any(c.logical == contract.logical for c in rec.contracts if c.origin.backend_name == "FLASH_ATTN"):
+        if any(c.layout.logical == contract.layout.logical for c in rec.contracts
+               if c.origin.backend_name == "FLASH_ATTN"):
             return VllmRelease.from_recording(rec)
-    pytest.skip(f"no recording with the layout API has FLASH_ATTN's {contract.family} family (recorded: {_shape})")
+    pytest.skip(f"no recording with the layout API has FLASH_ATTN's {contract.layout.family} family "
+                f"(recorded: {_shape})")
 FAMILY = {"kv-first": "0.22.1", "blocks-first": "0.25.1", "packed": _shape[-1]}  # a shape-era release per family
 # Every geometry those releases hand FlashAttention (the plugin's backend): both stride orders, cross-layer too.
 CONTRACTS = [c for r in FAMILY.values() for c in dict.fromkeys(
@@ -81,7 +83,7 @@ ENUM_CONTRACTS = [c for c in dict.fromkeys(ENUM_ERA.recording.contracts)
 
 
 def _family(name: str) -> Contract:
-    return next(c for c in CONTRACTS if c.family == name and not c.shared)
+    return next(c for c in CONTRACTS if c.layout.family == name and not c.layout.shared)
 
 
 def _layer(contract: Contract, dims: Dims, release: VllmRelease | None = None):
@@ -102,12 +104,12 @@ def _split(subject: ModeloptSubject, kv: torch.Tensor, contract: Contract, dims:
 
 
 def _dims(contract: Contract, num_blocks: int) -> Dims:
-    return Dims(num_blocks, 16, 2, 32, num_layers=3, layer=1) if contract.shared else Dims(num_blocks, 16, 2, 32)
+    return Dims(num_blocks, 16, 2, 32, num_layers=3, layer=1) if contract.layout.shared else Dims(num_blocks, 16, 2, 32)
 
 
 def _filled(contract: Contract, dims: Dims) -> torch.Tensor:
     """A kv_cache whose every element holds a distinct value, so any wrong view reads different numbers."""
-    kv = contract.allocate(dims, torch.float32)
+    kv = views.allocate(contract, dims, torch.float32)
     kv.copy_(torch.arange(kv.numel(), dtype=torch.float32).reshape(kv.shape))
     return kv
 
@@ -118,7 +120,7 @@ def test_plugin_split_agrees_with_the_contract(contract: Contract, num_blocks: i
     dims = _dims(contract, num_blocks)
     kv = _filled(contract, dims)
     got = _split(ModeloptSubject(_release_for(contract)), kv, contract, dims)
-    want = contract.split(kv, dims)
+    want = views.split(contract, kv, dims)
     assert split_mismatch(got, want) is None
     for g, w in zip(got, want):
         assert torch.equal(g, w)
@@ -127,7 +129,7 @@ def test_plugin_split_agrees_with_the_contract(contract: Contract, num_blocks: i
 @pytest.mark.parametrize("contract", ENUM_CONTRACTS, ids=lambda c: c.name)
 def test_release_without_get_kv_cache_shape_is_a_contract_error(contract: Contract) -> None:
     dims = _dims(contract, 3)
-    kv = contract.allocate(dims, torch.float16)
+    kv = views.allocate(contract, dims, torch.float16)
     with pytest.raises(ContractError) as err:
         _split(ModeloptSubject(ENUM_ERA), kv, contract, dims)
     text = str(err.value)
@@ -140,7 +142,7 @@ def test_release_without_get_kv_cache_shape_is_a_contract_error(contract: Contra
 def test_the_plugin_rejects_a_layout_it_does_not_know() -> None:
     # A release whose shape method answers none of the three families the plugin knows: its RuntimeError, kept.
     contract = _family("kv-first")
-    kv = contract.allocate(_dims(contract, 3), torch.float16)
+    kv = views.allocate(contract, _dims(contract, 3), torch.float16)
     # A class that is no stand-in is left in place by the replay's rebinding.
     import modelopt.torch.sparsity.attention_sparsity.plugins.vllm as plugin
 
@@ -161,25 +163,25 @@ def test_an_unbound_subject_replays_the_layers_release(release: str) -> None:
     assert served
     for contract in served:  # its plugin replaces FLASH_ATTN's impl: no other backend's cache reaches it
         dims = _dims(contract, 3)
-        kv = contract.allocate(dims, torch.float16)
+        kv = views.allocate(contract, dims, torch.float16)
         if "get_kv_cache_shape" not in expected.backend_methods:
             with pytest.raises(ContractError, match=f"REPLAY of vLLM {release}.*no attribute 'get_kv_cache_shape'"):
                 _split(ModeloptSubject(), kv, contract, dims, expected)
         else:
             assert split_mismatch(_split(ModeloptSubject(), kv, contract, dims, expected),
-                                  contract.split(kv, dims)) is None
+                                  views.split(contract, kv, dims)) is None
 
 
 def test_replay_needs_a_well_formed_cache() -> None:
     contract = _family("blocks-first")
     dims = _dims(contract, 3)
-    kv = contract.allocate(dims, torch.float16)
+    kv = views.allocate(contract, dims, torch.float16)
     with pytest.raises(ContractError, match=r"rank 4, expected 5.*shape \(3, 16, 2, 32\)"):
         _split(ModeloptSubject(_release_for(contract)), kv[:, 0], contract, dims)
 
 
-WRONG_FAMILY = [(c, wrong) for c in CONTRACTS if not c.shared for wrong in ("kv-first", "blocks-first", "packed")
-                if wrong != c.family]
+WRONG_FAMILY = [(c, wrong) for c in CONTRACTS if not c.layout.shared for wrong in ("kv-first", "blocks-first", "packed")
+                if wrong != c.layout.family]
 
 
 @pytest.mark.parametrize(("contract", "wrong"), WRONG_FAMILY, ids=lambda x: getattr(x, "name", x))
@@ -197,7 +199,7 @@ def test_a_broken_plugin_split_is_caught(contract: Contract, wrong: str) -> None
         except ContractError as err:
             assert str(tuple(kv.shape)) in str(err)  # refused, and said so: a contract-error
             return
-    assert split_mismatch(got, contract.split(kv, dims)) is not None
+    assert split_mismatch(got, views.split(contract, kv, dims)) is not None
 
 
 def test_a_wrong_unbind_can_be_silent() -> None:
@@ -210,7 +212,7 @@ def test_a_wrong_unbind_can_be_silent() -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plugin, "_flash_attention_kv_cache_layout", lambda: "blocks-first")
         got = _split(ModeloptSubject(_release_for(contract)), kv, contract, dims)
-    want = contract.split(kv, dims)
+    want = views.split(contract, kv, dims)
     assert [g.shape for g in got] == [w.shape for w in want]
     assert "V: plugin view" in split_mismatch(got, want) or "K: plugin view" in split_mismatch(got, want)
 
@@ -219,7 +221,7 @@ def test_swapped_k_and_v_are_caught() -> None:
     contract = _family("packed")
     kv = _filled(contract, _dims(contract, 3))
     k, v = _split(ModeloptSubject(_release_for(contract)), kv, contract, _dims(contract, 3))
-    assert split_mismatch((v, k), contract.split(kv)) is not None
+    assert split_mismatch((v, k), views.split(contract, kv)) is not None
 
 
 def test_the_stand_in_answers_the_release_not_the_contract() -> None:
@@ -233,7 +235,7 @@ def test_the_stand_in_answers_the_release_not_the_contract() -> None:
             got = ModeloptSubject(release).split(kv, _layer(_family("kv-first"), _dims(other, 3), release))
     except ContractError:
         return
-    assert split_mismatch(got, other.split(kv)) is not None
+    assert split_mismatch(got, views.split(other, kv)) is not None
 
 
 def test_recorded_release_maps_to_its_backend_methods() -> None:
@@ -248,14 +250,14 @@ def test_the_plugin_asks_the_replayed_release_stand_in() -> None:
     be = backend_class(SHAPE_ERA.recording, "FLASH_ATTN")
     fa = next(c for c in SHAPE_ERA.recording.contracts if c.origin.backend_name == "FLASH_ATTN")
     assert be.get_kv_cache_shape(3, 16, 1, 16) == tuple(
-        {"KV": 2, "B": 3, "N": 16, "H": 1, "D": 16, "C": 32}[a] for a in fa.logical)
+        {"KV": 2, "B": 3, "N": 16, "H": 1, "D": 16, "C": 32}[a] for a in fa.layout.logical)
     assert not hasattr(backend_class(ENUM_ERA.recording, "FLASH_ATTN"), "get_kv_cache_shape")
 
 
 def test_a_replayed_split_leaves_no_stand_in_behind() -> None:
     contract = _family("blocks-first")
-    _split(ModeloptSubject(_release_for(contract)), contract.allocate(_dims(contract, 3), torch.float16), contract,
-           _dims(contract, 3))
+    _split(ModeloptSubject(_release_for(contract)), views.allocate(contract, _dims(contract, 3), torch.float16),
+           contract, _dims(contract, 3))
     import modelopt.torch.sparsity.attention_sparsity.plugins.vllm as plugin
 
     assert not [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]
@@ -273,18 +275,18 @@ MIXED = dict(q_lens=(1, 5, 20), kv_lens=(7, 5, 37), num_heads=4, kv_heads=2, hea
 def _paged(case: Case, contract: Contract):
     """Tokens written through the contract's views (where the release puts them), read through the plugin's."""
     q, k, v = case.inputs()
-    layers = dict(num_layers=3, layer=1) if contract.shared else {}
+    layers = dict(num_layers=3, layer=1) if contract.layout.shared else {}
     dims = Dims(case.blocks_needed() + 2, case.block_size, case.kv_heads, case.head_dim, **layers)
-    kv = contract.allocate(dims, case.torch_dtype)
+    kv = views.allocate(contract, dims, case.torch_dtype)
     pg = paging(case.kv_lens, case.block_size, dims.num_blocks, seed=case.seed)
-    write(*contract.split(kv, dims), pg, k, v)
+    write(*views.split(contract, kv, dims), pg, k, v)
     k_cache, v_cache = _split(ModeloptSubject(_release_for(contract)), kv, contract, dims)
     return q, k, v, k_cache, v_cache, pg
 
 
 @pytest.mark.parametrize("sparsity", MODES, ids=lambda s: s.mode)
 @pytest.mark.parametrize("contract", [_family("kv-first"), _family("blocks-first"), _family("packed"),
-                                      next(c for c in CONTRACTS if c.family == "blocks-first" and c.shared)],
+                                      next(c for c in CONTRACTS if c.layout.family == "blocks-first" and c.layout.shared)],
                          ids=lambda c: c.name)
 def test_paged_is_bit_identical_to_dense_with_a_pinned_tile(contract: Contract, sparsity: Sparsity) -> None:
     case = Case(**MIXED, sparsity=sparsity, dtype="bfloat16" if sparsity.mode == "nm" else "float16")
@@ -440,6 +442,7 @@ def test_autotune_is_declared_only_where_the_autotuner_can_time_its_candidates()
 FIRST_CALL_IN_A_REPLAYED_LAYER = """
 import torch
 from harness import contract, fixtures
+from harness.contract import views
 from harness.run import releases, session as sessions
 from harness.layer import in_force
 from kvconform.subjects.modelopt import ModeloptSubject
@@ -448,9 +451,9 @@ subject = ModeloptSubject()  # modelopt is first imported inside the calls below
 for release in ("0.25.1", "0.29.0"):
     r = releases.load_release(release, fixtures.ROOT)
     c = next(c for c in r.contracts if c.origin.backend_name == "FLASH_ATTN" and c.cache_dtype == "auto")
-    dims = contract.Dims(3, 16, 2, 32, 3 if c.shared else 1, 1 if c.shared else 0)
+    dims = contract.Dims(3, 16, 2, 32, 3 if c.layout.shared else 1, 1 if c.layout.shared else 0)
     layer = sessions.layer_of(r, c, dims, torch.float16)
-    kv = c.allocate(dims, torch.float16)
+    kv = views.allocate(c, dims, torch.float16)
     with in_force(layer):
         try:
             print(release, "split", tuple(subject.split(kv, layer)[0].shape))

@@ -13,7 +13,7 @@ HOST_SUBJECT = '''
 import torch
 
 from harness.cache import read
-from harness.layer import views
+from harness.layer import kv_views
 from harness.subjects import TileConfig
 
 
@@ -24,7 +24,7 @@ class Correct:
         return None if case.sparsity.mode == "none" else "dense attention only"
 
     def split(self, kv_cache, layer):
-        return views(kv_cache, layer)
+        return kv_views(kv_cache, layer)
 
     def tile_config(self, case):
         return TileConfig(16, 16)
@@ -55,7 +55,7 @@ class Unbinds(Correct):
     name = "host-unbinds"
 
     def split(self, kv_cache, layer):
-        views(kv_cache, layer)  # the same shape checks as Correct: a malformed cache is refused alike
+        kv_views(kv_cache, layer)  # the same shape checks as Correct: a malformed cache is refused alike
         k, v, *_ = kv_cache.unbind(0)
         return k, v
 '''

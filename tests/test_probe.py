@@ -234,7 +234,7 @@ def _enum_era(monkeypatch, lie: bool = False) -> None:
 
 
 def _c(logical, *physical) -> set[Contract]:
-    return {Contract(logical, tuple(ph.split("."))) for ph in physical}
+    return {Contract.of(logical, tuple(ph.split("."))) for ph in physical}
 
 
 def test_shape_only_era_reads_one_kv_first_contract(monkeypatch):
@@ -251,7 +251,7 @@ def test_stride_order_era_reads_both_switch_values(monkeypatch):
     rec = p.probe()
     assert rec.observations["era"] == "era_stride"
     assert set(rec.contracts) == _c(KV_FIRST, "KV.B.N.H.D", "KV.B.H.N.D")
-    assert "HND" in [c for c in rec.contracts if c.physical == ("KV", "B", "H", "N", "D")][0].origin.setting
+    assert "HND" in [c for c in rec.contracts if c.layout.physical == ("KV", "B", "H", "N", "D")][0].origin.setting
     assert "XYZ" in rec.observations["settings"]["rejects"]
     assert os.environ.get("VLLM_KV_CACHE_LAYOUT") is None  # the switch is restored
 
@@ -289,7 +289,7 @@ def test_enum_era_reads_every_layout_single_and_cross_layer(monkeypatch):
         PACKED, "B.H.N.C", "B.N.H.C", "H.B.N.C",
         "L.B.H.N.C", "L.B.N.H.C", "L.H.B.N.C", "B.L.H.N.C", "B.L.N.H.C", "B.H.L.N.C",
     )
-    shared = [c for c in rec.contracts if c.physical == ("B", "N", "H", "C")][0]
+    shared = [c for c in rec.contracts if c.layout.physical == ("B", "N", "H", "C")][0]
     assert "LBNHC single-layer" in shared.origin.setting and "BLNHC single-layer" in shared.origin.setting
 
 
@@ -353,7 +353,7 @@ def test_a_backend_module_that_fails_to_import_is_recorded_unreadable_and_named_
         f"not importable: importing {pkg}.triton_attn raised ImportError: cannot import name 'no_such_name'")
     assert observed["FLEX_ATTENTION"]["present"] is False  # no module at all: absent from the release
 
-    fi = Contract(BLOCKS_FIRST, BLOCKS_FIRST, "vllm 0.26.0 FLASHINFER VLLM_KV_CACHE_LAYOUT=NHD")
+    fi = Contract.of(BLOCKS_FIRST, BLOCKS_FIRST, "vllm 0.26.0 FLASHINFER VLLM_KV_CACHE_LAYOUT=NHD")
     read = {"present": True, "read": True}
     recorded = fixtures.Recording("0.26.0", (fi,), {"backends": {"FLASHINFER": read, "TRITON_ATTN": read}})
     lines = fixtures.drift(recorded, fixtures.Recording("0.26.0", (), {"backends": observed}))

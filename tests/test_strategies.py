@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 
 from harness import checks, fixtures, transfer
 from harness.cases import SPARSITY_MODES
-from harness.contract import Contract, cross_layer, families
+from harness.contract import Contract, cross_layer, families, views
 from harness.strategies import (AMBIGUOUS_KV_HEADS, CPU, GPU, MALFORMATIONS, Example, ambiguous, block_sizes,
                                 examples, kv_lengths, num_blocks, sequence_mixes)
 
 CONTRACTS = families() + [cross_layer(c, outer) for c in families()[:2] for outer in (True, False)]
-DIFF_KV = [Contract(("B", "N", "H", "C"), ("B", "H", "N", "C"), diff_kv=True),
-           Contract(("B", "H", "N", "C"), ("L", "B", "H", "N", "C"), cache_dtype="fp8_e4m3", diff_kv=True)]
+DIFF_KV = [Contract.of(("B", "N", "H", "C"), ("B", "H", "N", "C"), diff_kv=True),
+           Contract.of(("B", "H", "N", "C"), ("L", "B", "H", "N", "C"), cache_dtype="fp8_e4m3", diff_kv=True)]
 SIZES = {"cpu": CPU, "gpu": GPU}
 # The checks that hand a subject a cache: every suite whose check needs a split or a transfer.
 CACHE_CHECKS = [c for c in checks.CHECKS if c.module and c.needs & {"split", "transfer"}]
@@ -54,10 +54,10 @@ def test_examples_are_valid_and_round_trip(ex):
     assert ex.num_blocks >= ex.case.blocks_needed()
     pages = ex.paging()  # raises if the cache is too small
     assert pages.block_table.max() < ex.num_blocks
-    kv_cache = ex.contract.allocate(ex.dims, ex.case.torch_dtype, "meta")
-    ex.contract.validate(kv_cache, ex.dims)
+    kv_cache = views.allocate(ex.contract, ex.dims, ex.case.torch_dtype, "meta")
+    views.validate(ex.contract, kv_cache, ex.dims)
     assert 1 <= ex.num_layers <= 8 and 0 <= ex.layer < ex.num_layers
-    if not ex.contract.shared:
+    if not ex.contract.layout.shared:
         assert ex.num_layers == 1
 
 
@@ -117,7 +117,7 @@ def test_every_contract_page_order_and_layer_arrangement_is_reached():
     # the last page of the cache holds tokens
     find(examples(CONTRACTS, CPU), lambda e: int(e.paging().block_table.max()) == e.num_blocks - 1 and
          e.num_blocks > e.case.blocks_needed(), settings=FIND)
-    shared = [c for c in CONTRACTS if c.shared]
+    shared = [c for c in CONTRACTS if c.layout.shared]
     find(examples(shared, CPU), lambda e: e.num_layers == 8 and e.layer == 7, settings=FIND)
 
 
@@ -159,7 +159,7 @@ def test_strategies_compose():
 def _recorded_geometries():
     """Every recorded K/V contract of every release, once per release (a target of it)."""
     return [c for release in fixtures.releases()
-            for c in dict.fromkeys(c for c in fixtures.load(release).contracts if not c.latent)]
+            for c in dict.fromkeys(c for c in fixtures.load(release).contracts if not c.layout.latent)]
 
 
 def test_the_checks_that_hand_a_subject_a_cache_declare_the_ambiguous_examples():
@@ -176,16 +176,16 @@ def test_the_checks_that_hand_a_subject_a_cache_declare_the_ambiguous_examples()
 def test_every_targets_explicit_examples_hold_the_coinciding_sizes(device):
     sizes = SIZES[device]
     geometries = _recorded_geometries()
-    assert len(geometries) > 500 and any(c.diff_kv for c in geometries) and any(c.shared for c in geometries)
+    assert len(geometries) > 500 and any(c.diff_kv for c in geometries) and any(c.layout.shared for c in geometries)
     for c in geometries:
         built = ambiguous(c, sizes)
         assert sorted((ex.num_blocks, ex.case.blocks_needed()) for ex in built) == [(2, 2), (3, 1)], c.name
         for ex in built:
             assert ex.case.kv_heads == AMBIGUOUS_KV_HEADS and ex.case.block_size == ex.case.head_dim, (c.name, ex)
-            assert (ex.num_layers, ex.layer) == ((2, 1) if c.shared else (1, 0)), c.name
+            assert (ex.num_layers, ex.layer) == ((2, 1) if c.layout.shared else (1, 0)), c.name
             assert (ex.head_dim_v not in (0, ex.case.head_dim)) == c.diff_kv, (c.name, ex.head_dim_v)
             assert ex.case.head_dim in sizes.block_sizes
-            c.validate(c.allocate(ex.dims, ex.case.torch_dtype, "meta"), ex.dims)
+            views.validate(c, views.allocate(c, ex.dims, ex.case.torch_dtype, "meta"), ex.dims)
             assert int(ex.paging().block_table.max()) == ex.num_blocks - 1  # the last page holds tokens
         for check in CACHE_CHECKS:
             pairs = checks.resolve(check.explicit)(c, sizes)
@@ -213,7 +213,7 @@ def test_generated_examples_reach_every_coincidence_at_once():
     # Rarer than one corner at a time (measured: about 1 in 800 draws on the GPU sizes, 1 in 400 on the CPU ones): a
     # fixed seed and a larger budget.
     fixed = settings(FIND, max_examples=5000, derandomize=True)
-    shared = [c for c in CONTRACTS if c.shared]
+    shared = [c for c in CONTRACTS if c.layout.shared]
     for sizes in (CPU, GPU):
         find(examples(shared, sizes), lambda e: e.case.kv_heads == 2 and e.case.block_size == e.case.head_dim
              and e.num_blocks == 2 and e.num_layers == 2, settings=fixed)
@@ -237,8 +237,8 @@ def test_diff_kv_examples_draw_vs_head_dim_unlike_ks_and_round_trip(ex):
     assert json.loads(ex.to_json())["head_dim_v"] == ex.head_dim_v
     back = Example.from_json(ex.to_json())
     assert back == ex and back.digest() == ex.digest()
-    kv_cache = ex.contract.allocate(ex.dims, ex.case.torch_dtype, "meta")
-    ex.contract.validate(kv_cache, ex.dims)
+    kv_cache = views.allocate(ex.contract, ex.dims, ex.case.torch_dtype, "meta")
+    views.validate(ex.contract, kv_cache, ex.dims)
     _, k, v = ex.inputs()
     assert k.shape[-1] == ex.case.head_dim and v.shape[-1] == ex.head_dim_v and k.shape[:-1] == v.shape[:-1]
 

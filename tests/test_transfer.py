@@ -19,7 +19,7 @@ from hypothesis import settings  # noqa: E402
 
 from harness import contract, findings, fixtures, profiles, strategies, transfer  # noqa: E402
 from harness.run import loop, session as sessions, targets as targeting, trial  # noqa: E402
-from harness.layer import views  # noqa: E402
+from harness.layer import kv_views  # noqa: E402
 from harness.results import Word  # noqa: E402
 from kvconform.suites import test_transfer as transfer_check  # noqa: E402
 
@@ -38,7 +38,7 @@ class SpillsOnAPage(offloader.Offloader):
 
     def inject(self, kv_cache, layer, block_ids, payload):
         super().inject(kv_cache, layer, block_ids, payload)
-        k, _ = views(kv_cache, layer)
+        k, _ = kv_views(kv_cache, layer)
         spare = [b for b in range(k.shape[0]) if b not in block_ids.tolist()]
         if spare:
             k[spare[-1]] = 0
@@ -99,7 +99,7 @@ def _grid(s):
 def test_block_ids_move_every_block_to_another_one():
     for blocks in (2, 3, 7):
         for seed in range(30):
-            ex = transfer.explicit(contract.Contract(("KV", "B", "N", "H", "D"), ("KV", "B", "N", "H", "D")),
+            ex = transfer.explicit(contract.Contract.of(("KV", "B", "N", "H", "D"), ("KV", "B", "N", "H", "D")),
                                    strategies.CPU)[0][0]
             ex = dataclasses.replace(ex, num_blocks=blocks, page_seed=seed)
             src, dst = transfer.block_ids(ex.paging(), blocks, seed)
@@ -136,7 +136,8 @@ def test_the_runner_catches_shape_sniffing_with_a_repro_at_two_blocks_and_passes
             r.run(t, transfer_check.CHECK, transfer_check.check)
         except loop.NewFinding as e:
             caught[t.geometry, t.release.release] = str(e).splitlines()[-1]
-    assert {g for g, _ in caught} == {t.geometry for t in targeting.targets(s) if t.contract.family == "blocks-first"}
+    assert {g for g, _ in caught} == {t.geometry for t in targeting.targets(s)
+                                      if t.contract.layout.family == "blocks-first"}
     for repro in caught.values():
         assert repro.startswith("REPRO transfer release=0.25.1 (replay) geometry=blocks-first:")
         assert " num_blocks=2 " in repro

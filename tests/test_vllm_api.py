@@ -235,10 +235,10 @@ def test_stride_orders_agree_with_the_contracts(release: str, monkeypatch) -> No
                 continue
             monkeypatch.setenv(LAYOUT_ENV, value)
             if "cross-layer" in setting:
-                want = tuple((("L",) + c.logical).index(a) for a in c.physical)
+                want = tuple((("L",) + c.layout.logical).index(a) for a in c.layout.physical)
                 assert cls.get_kv_cache_stride_order(include_num_layers_dimension=True) == want, (c.describe(), setting)
             else:
-                want = tuple(c.logical.index(a) for a in c.physical)
+                want = tuple(c.layout.logical.index(a) for a in c.layout.physical)
                 assert cls.get_kv_cache_stride_order() == want, (c.describe(), setting)
             checked += 1
     era = rec.observations.get("era")

@@ -4,25 +4,25 @@ Axis letters, used throughout kvconform:
   L layers (only in a shared multi-layer allocation), B blocks, KV the K/V pair (size 2), N tokens per block,
   H kv heads, S head slots (K's H heads then V's H heads), D one side's stored width, C both sides' widths packed
   (K is C[:Dk], V is C[Dk:]), R one latent row (MLA: no K/V pair).
-A contract is three parts: its layout (layout.py: the logical axes of the `kv_cache` tensor a layer receives and
-the physical order of the allocation's axes in memory, outermost first; the split rule follows from the family), its
-cache dtype's storage (storage.py: element types, a side's stored width, rows and scales) and its views (views.py:
-allocate, poison, split, validate). Canonical K and V views are [B, N, H, Dk] and [B, N, H, Dv] in the cache's
-element type and alias the cache; a latent cache has one canonical view [B, N, R].
+A contract holds two parts and where it was read: its layout (layout.py: the logical axes of the `kv_cache` tensor a
+layer receives and the physical order of the allocation's axes in memory, outermost first; the split rule follows
+from the family) and its cache dtype's storage (storage.py: element types, a side's stored width, rows and scales).
+Its views are functions of a contract (views.py: sizes, allocate, poison, split, validate). Canonical K and V views
+are [B, N, H, Dk] and [B, N, H, Dv] in the cache's element type and alias the cache; a latent cache has one
+canonical view [B, N, R].
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from harness.contract import storage
 from harness.contract.layout import CANONICAL, FAMILIES, ContractError, Dims, Layout
 from harness.contract.storage import ALIASES, CACHE_DTYPES, SCALE_ELEMENTS, CacheDtype, Row, cache_dtype
-from harness.contract.views import POISON_BYTE, Geometry, View, Views, poison
 
-__all__ = ["ALIASES", "CACHE_DTYPES", "CANONICAL", "FAMILIES", "POISON_BYTE", "CacheDtype", "Contract",
-           "ContractError", "Dims", "Geometry", "Layout", "Origin", "Row", "View", "cache_dtype", "cross_layer",
-           "families", "poison"]
+__all__ = ["ALIASES", "CACHE_DTYPES", "CANONICAL", "FAMILIES", "CacheDtype", "Contract", "ContractError", "Dims",
+           "Layout", "Origin", "Row", "cache_dtype", "cross_layer", "families"]
 
 
 @dataclass(frozen=True)
@@ -53,50 +53,55 @@ class Origin:
 
 
 @dataclass(frozen=True)
-class Contract(Layout, Views):
-    """A layout read from one origin in one cache dtype; `diff_kv` when V's head dim is its own (the diff-KV
-    backends), so that C is Dk + Dv."""
+class Contract:
+    """A layout read from one origin, stored in one cache dtype; `diff_kv` when V's head dim is its own (the diff-KV
+    backends), so that C is Dk + Dv. `Contract.of` builds one from its recorded fields."""
 
-    origin: Origin = field(default=Origin(), compare=False)  # a recorded line is parsed into an Origin
-    cache_dtype: str = "auto"
+    layout: Layout
+    dtype: CacheDtype = CACHE_DTYPES["auto"]
+    origin: Origin = field(default=Origin(), compare=False)
     diff_kv: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.origin, str):
-            object.__setattr__(self, "origin", Origin.parse(self.origin))
-        super().__post_init__()
-        object.__setattr__(self, "cache_dtype", cache_dtype(self.cache_dtype).name)
-        if self.diff_kv and "C" not in self.logical:
+        if self.diff_kv and "C" not in self.layout.logical:
             raise ContractError(f"K and V head dims can differ only when they are packed in C, not in "
-                                f"[{','.join(self.logical)}]{self._from()}")
+                                f"[{','.join(self.layout.logical)}]{_from(self.origin)}")
         if self.diff_kv and not self.dtype.values_only:
             raise ContractError(f"unequal K/V head dims in a {self.cache_dtype} cache are not expressible (its sides "
-                                f"are padded or opaque){self._from()}")
-        if self.latent and not self.dtype.mla:
-            raise ContractError(f"a latent cache in {self.cache_dtype} is not expressible{self._from()}")
+                                f"are padded or opaque){_from(self.origin)}")
+        if self.layout.latent and not self.dtype.mla:
+            raise ContractError(f"a latent cache in {self.cache_dtype} is not expressible{_from(self.origin)}")
 
-    def _from(self) -> str:
-        return f" from {self.origin}" if str(self.origin) else ""
+    @classmethod
+    def of(cls, logical: tuple[str, ...], physical: tuple[str, ...], origin: Origin | str = "",
+           cache_dtype: str = "auto", diff_kv: bool = False) -> Contract:
+        """The contract of axes as named (a recorded origin line parsed), its errors naming the origin."""
+        origin = origin if isinstance(origin, Origin) else Origin.parse(origin)
+        try:
+            layout = Layout(tuple(logical), tuple(physical))
+        except ContractError as e:
+            raise ContractError(f"{e}{_from(origin)}") from None
+        return cls(layout, storage.cache_dtype(cache_dtype), origin, diff_kv)
 
     @property
-    def dtype(self) -> CacheDtype:
-        """How the cache dtype stores a side."""
-        return CACHE_DTYPES[self.cache_dtype]
+    def cache_dtype(self) -> str:
+        """The cache dtype's name, as vLLM's `kv_cache_dtype` spells it (`fp8` as `fp8_e4m3`)."""
+        return self.dtype.name
 
     @property
     def name(self) -> str:
         """Family, physical order, K/V head dims and cache dtype, e.g. `packed:B.H.N.C@fp8_e4m3`."""
-        return (f"{self.family}:{'.'.join(self.physical)}" + ("+diffkv" if self.diff_kv else "")
+        return (f"{self.layout.family}:{'.'.join(self.layout.physical)}" + ("+diffkv" if self.diff_kv else "")
                 + ("" if self.cache_dtype == "auto" else f"@{self.cache_dtype}"))
 
     @property
     def split_rule(self) -> str:
         """How K and V are taken from the layer's kv_cache."""
-        if self.split_axis == "KV":
+        if self.layout.split_axis == "KV":
             return "unbind KV (K=0, V=1)"
-        if self.split_axis == "S":
+        if self.layout.split_axis == "S":
             return "halves of S (K heads S[:H], V heads S[H:])"
-        if self.latent:
+        if self.layout.latent:
             return "none (one latent row R per token)"
         if self.diff_kv:
             return "C at K's head dim (K=C[:Dk], V=C[Dk:])"
@@ -109,13 +114,14 @@ class Contract(Layout, Views):
         """One line naming the whole contract, for error messages."""
         scale = f", scales {self.dtype.scale}" if self.dtype.scale else ""
         return (
-            f"{self.name} (logical [{','.join(self.logical)}], physical [{','.join(self.physical)}], "
-            f"cache dtype {self.cache_dtype}{scale}, split {self.split_rule}){self._from()}"
+            f"{self.name} (logical [{','.join(self.layout.logical)}], physical [{','.join(self.layout.physical)}], "
+            f"cache dtype {self.cache_dtype}{scale}, split {self.split_rule}){_from(self.origin)}"
         )
 
     def to_json(self) -> dict[str, Any]:
         """The recorded form (fixtures, kept examples); `from_json` reads it back."""
-        out: dict[str, Any] = {"logical": list(self.logical), "physical": list(self.physical), "origin": str(self.origin)}
+        out: dict[str, Any] = {"logical": list(self.layout.logical), "physical": list(self.layout.physical),
+                               "origin": str(self.origin)}
         if self.cache_dtype != "auto":
             out["cache_dtype"] = self.cache_dtype
         if self.diff_kv:
@@ -125,22 +131,10 @@ class Contract(Layout, Views):
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Contract:
         try:
-            return cls(tuple(body["logical"]), tuple(body["physical"]), body.get("origin", ""),
-                       body.get("cache_dtype", "auto"), body.get("diff_kv", False))
+            return cls.of(body["logical"], body["physical"], body.get("origin", ""), body.get("cache_dtype", "auto"),
+                          body.get("diff_kv", False))
         except KeyError as e:
             raise ContractError(f"recorded contract lacks field {e}: {sorted(body)}") from None
-
-    def size(self, axis: str, dims: Dims) -> int:
-        """Size of one named axis at `dims`."""
-        if dims.v_dim != dims.head_dim and not self.diff_kv:
-            raise ContractError(f"{dims} has V head dim {dims.v_dim} != K head dim {dims.head_dim}, which "
-                                f"{self.describe()} cannot hold (not a diff-KV contract)")
-        if self.latent and axis == "H" and dims.kv_heads != 1:
-            raise ContractError(f"a latent cache has one head slot, {dims} has {dims.kv_heads}: {self.describe()}")
-        w = self.dtype.width
-        if axis in ("D", "R"):
-            return w(dims.head_dim)
-        return w(dims.head_dim) + w(dims.v_dim) if axis == "C" else dims.size(axis)
 
 
 def families() -> list[Contract]:
@@ -150,12 +144,17 @@ def families() -> list[Contract]:
         body = [a for a in logical if a not in ("N", "H")]
         inner = body.pop()
         for nh in (("N", "H"), ("H", "N")):
-            out.append(Contract(logical, tuple(body) + nh + (inner,)))
+            out.append(Contract(Layout(logical, tuple(body) + nh + (inner,))))
     return out
 
 
 def cross_layer(contract: Contract, layers_outermost: bool) -> Contract:
     """`contract` in a shared allocation with layers outermost, or with blocks outermost (L right inside B)."""
-    phys = list(contract.physical)
+    phys = list(contract.layout.physical)
     phys.insert(0 if layers_outermost else phys.index("B") + 1, "L")
-    return Contract(contract.logical, tuple(phys), contract.origin, contract.cache_dtype, contract.diff_kv)
+    return replace(contract, layout=Layout(contract.layout.logical, tuple(phys)))
+
+
+def _from(origin: Origin) -> str:
+    """Where a contract was read, for error messages ("" when nowhere)."""
+    return f" from {origin}" if str(origin) else ""

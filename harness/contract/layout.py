@@ -31,22 +31,18 @@ class Layout:
         if self.logical not in FAMILIES:
             known = ", ".join(f"{name} [{','.join(axes)}]" for axes, name in FAMILIES.items())
             raise ContractError(
-                f"unknown logical layout [{','.join(self.logical)}]{self._from()}; known families: {known}"
+                f"unknown logical layout [{','.join(self.logical)}]; known families: {known}"
             )
         extra = sorted(set(self.physical) - set(self.logical))
         if sorted(self.physical) != sorted(self.logical + tuple(extra)) or extra not in ([], ["L"]):
             raise ContractError(
                 f"physical order [{','.join(self.physical)}] is not a permutation of the logical axes "
-                f"[{','.join(self.logical)}] plus an optional L{self._from()}"
+                f"[{','.join(self.logical)}] plus an optional L"
             )
         if self.physical[-1] != self.logical[-1]:
             raise ContractError(
-                f"physical order [{','.join(self.physical)}] must keep {self.logical[-1]} innermost{self._from()}"
+                f"physical order [{','.join(self.physical)}] must keep {self.logical[-1]} innermost"
             )
-
-    def _from(self) -> str:
-        """Where the layout was read, for error messages ("" here: a Contract names its origin)."""
-        return ""
 
     @property
     def family(self) -> str:
@@ -103,6 +99,6 @@ class Dims:
         return self.head_dim_v or self.head_dim
 
     def size(self, axis: str) -> int:
-        """Size of one named axis in a model-dtype cache (Contract.size for any cache dtype)."""
+        """Size of one named axis in a model-dtype cache (views.size for any cache dtype)."""
         return {"L": self.num_layers, "B": self.num_blocks, "KV": 2, "N": self.block_size, "H": self.kv_heads,
                 "S": 2 * self.kv_heads, "D": self.head_dim, "C": self.head_dim + self.v_dim, "R": self.head_dim}[axis]

@@ -1,5 +1,6 @@
-"""The views part of a contract: allocating a layer's kv_cache poisoned, splitting it into canonical K and V (or
-latent) views that alias it, and validating a tensor against the contract's geometry."""
+"""A contract's tensors, as functions of its layout and cache dtype: the size of each axis at concrete dims, the
+layer's kv_cache allocated poisoned, its canonical K and V (or latent) views aliasing it, and validating a tensor
+against the contract's geometry."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.contract import Contract
 from harness.contract.layout import CANONICAL, ContractError, Dims
 
 POISON_BYTE = 0xFF  # fills a byte cache: NaN as fp8 e4m3, an implausible value as NVFP4
@@ -41,122 +43,143 @@ def poison(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(float("nan") if t.dtype.is_floating_point else POISON_BYTE)
 
 
-class Views:
-    """Contract's tensor operations, over its layout (Layout) and its sizes at concrete dims (Contract.size)."""
+def size(c: Contract, axis: str, dims: Dims) -> int:
+    """Size of one named axis of `c` at `dims`, in the cache's elements."""
+    if dims.v_dim != dims.head_dim and not c.diff_kv:
+        raise ContractError(f"{dims} has V head dim {dims.v_dim} != K head dim {dims.head_dim}, which "
+                            f"{c.describe()} cannot hold (not a diff-KV contract)")
+    if c.layout.latent and axis == "H" and dims.kv_heads != 1:
+        raise ContractError(f"a latent cache has one head slot, {dims} has {dims.kv_heads}: {c.describe()}")
+    w = c.dtype.width
+    if axis in ("D", "R"):
+        return w(dims.head_dim)
+    return w(dims.head_dim) + w(dims.v_dim) if axis == "C" else dims.size(axis)
 
-    def physical_shape(self, dims: Dims) -> tuple[int, ...]:
-        """Sizes of the allocation in memory order."""
-        return tuple(self.size(a, dims) for a in self.physical)
 
-    def allocate(self, dims: Dims, dtype: torch.dtype, device: str | torch.device = "cpu") -> torch.Tensor:
-        """The layer's kv_cache for a model of dtype `dtype`: physical memory viewed logically, every element
-        poisoned (NaN; in a byte cache 0xFF, which fp8 e4m3 reads as NaN)."""
-        if self.dtype.element is None and not dtype.is_floating_point:
-            raise ContractError(f"cannot poison a {dtype} cache; use a floating-point dtype")
-        buf = torch.empty(self.physical_shape(dims), dtype=self.dtype.cache_element(dtype), device=device)
-        if buf.device.type != "meta":
-            poison(buf)
-        axes = (("L",) if self.shared else ()) + self.logical
-        view = buf.permute([self.physical.index(a) for a in axes])
-        return view[dims.layer] if self.shared else view
+def physical_shape(c: Contract, dims: Dims) -> tuple[int, ...]:
+    """Sizes of the allocation in memory order."""
+    return tuple(size(c, a, dims) for a in c.layout.physical)
 
-    def geometry(self, dims: Dims, dtype: torch.dtype = torch.float16) -> Geometry:
-        """Shape, strides and offsets of kv_cache and its canonical views at `dims` (no memory is touched)."""
-        kv_cache = self.allocate(dims, dtype, device="meta")
-        k, v = (self.latent_view(kv_cache, dims),) * 2 if self.latent else self.split(kv_cache, dims)
-        return Geometry(View.of(kv_cache), View.of(k), View.of(v))
 
-    def split(self, kv_cache: torch.Tensor, dims: Dims | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Canonical K and V views [B, N, H, Dk] and [B, N, H, Dv] aliasing `kv_cache`. A diff-KV split needs
-        `dims` (the tensor does not say where K ends); a latent cache has no K/V pair."""
-        self.validate(kv_cache, dims)
-        if self.latent:
-            raise ContractError(f"{self.describe()} holds no K/V pair; its canonical view is latent_view()")
-        if self.dtype.view is not None:
-            kv_cache = kv_cache.view(self.dtype.view)  # same element size: a retype, not a copy
-        if self.split_axis == "KV":
-            t = kv_cache.permute([self.logical.index(a) for a in ("KV",) + CANONICAL])
-            return t[0], t[1]
-        if self.split_axis == "S":
-            t = kv_cache.permute([self.logical.index(a) for a in ("B", "N", "S", "D")])
-            h = t.shape[2] // 2
-            return t[:, :, :h], t[:, :, h:]
-        t = kv_cache.permute([self.logical.index(a) for a in ("B", "N", "H", "C")])
-        if self.diff_kv:
-            if dims is None:
-                raise ContractError(f"a diff-KV split needs the dims (K's head dim): {self.describe()}")
-            k = self.dtype.width(dims.head_dim)
-        else:
-            k = t.shape[-1] // 2
-        return t[..., :k], t[..., k:]
+def allocate(c: Contract, dims: Dims, dtype: torch.dtype, device: str | torch.device = "cpu") -> torch.Tensor:
+    """The layer's kv_cache for a model of dtype `dtype`: physical memory viewed logically, every element poisoned
+    (NaN; in a byte cache 0xFF, which fp8 e4m3 reads as NaN)."""
+    if c.dtype.element is None and not dtype.is_floating_point:
+        raise ContractError(f"cannot poison a {dtype} cache; use a floating-point dtype")
+    buf = torch.empty(physical_shape(c, dims), dtype=c.dtype.cache_element(dtype), device=device)
+    if buf.device.type != "meta":
+        poison(buf)
+    layout = c.layout
+    axes = (("L",) if layout.shared else ()) + layout.logical
+    view = buf.permute([layout.physical.index(a) for a in axes])
+    return view[dims.layer] if layout.shared else view
 
-    def latent_view(self, kv_cache: torch.Tensor, dims: Dims | None = None) -> torch.Tensor:
-        """The canonical latent view [B, N, R] of a latent cache."""
-        self.validate(kv_cache, dims)
-        if not self.latent:
-            raise ContractError(f"{self.describe()} is not a latent cache; split() gives its K and V")
-        if self.dtype.view is not None:
-            kv_cache = kv_cache.view(self.dtype.view)
-        return kv_cache.select(self.logical.index("H"), 0) if "H" in self.logical else kv_cache
 
-    def views(self, kv_cache: torch.Tensor, dims: Dims | None = None) -> dict[str, torch.Tensor]:
-        """Every canonical view by name: K and V, or the latent view."""
-        if self.latent:
-            return {"latent": self.latent_view(kv_cache, dims)}
-        return dict(zip("KV", self.split(kv_cache, dims)))
+def geometry(c: Contract, dims: Dims, dtype: torch.dtype = torch.float16) -> Geometry:
+    """Shape, strides and offsets of kv_cache and its canonical views at `dims` (no memory is touched)."""
+    kv_cache = allocate(c, dims, dtype, device="meta")
+    k, v = (latent_view(c, kv_cache, dims),) * 2 if c.layout.latent else split(c, kv_cache, dims)
+    return Geometry(View.of(kv_cache), View.of(k), View.of(v))
 
-    def validate(self, kv_cache: torch.Tensor, dims: Dims | None = None) -> None:
-        """Raise ContractError unless `kv_cache` has this contract's geometry (exactly, when `dims` is given)."""
-        shape, stride = tuple(kv_cache.shape), tuple(kv_cache.stride())
 
-        def fail(reason: str) -> None:
-            raise ContractError(
-                f"{reason}: kv_cache shape {shape} strides {stride} dtype {kv_cache.dtype} "
-                f"does not match contract {self.describe()}"
+def split(c: Contract, kv_cache: torch.Tensor, dims: Dims | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Canonical K and V views [B, N, H, Dk] and [B, N, H, Dv] aliasing `kv_cache`. A diff-KV split needs `dims`
+    (the tensor does not say where K ends); a latent cache has no K/V pair."""
+    validate(c, kv_cache, dims)
+    logical = c.layout.logical
+    if c.layout.latent:
+        raise ContractError(f"{c.describe()} holds no K/V pair; its canonical view is latent_view()")
+    if c.dtype.view is not None:
+        kv_cache = kv_cache.view(c.dtype.view)  # same element size: a retype, not a copy
+    if c.layout.split_axis == "KV":
+        t = kv_cache.permute([logical.index(a) for a in ("KV",) + CANONICAL])
+        return t[0], t[1]
+    if c.layout.split_axis == "S":
+        t = kv_cache.permute([logical.index(a) for a in ("B", "N", "S", "D")])
+        h = t.shape[2] // 2
+        return t[:, :, :h], t[:, :, h:]
+    t = kv_cache.permute([logical.index(a) for a in ("B", "N", "H", "C")])
+    if c.diff_kv:
+        if dims is None:
+            raise ContractError(f"a diff-KV split needs the dims (K's head dim): {c.describe()}")
+        k = c.dtype.width(dims.head_dim)
+    else:
+        k = t.shape[-1] // 2
+    return t[..., :k], t[..., k:]
+
+
+def latent_view(c: Contract, kv_cache: torch.Tensor, dims: Dims | None = None) -> torch.Tensor:
+    """The canonical latent view [B, N, R] of a latent cache."""
+    validate(c, kv_cache, dims)
+    if not c.layout.latent:
+        raise ContractError(f"{c.describe()} is not a latent cache; split() gives its K and V")
+    if c.dtype.view is not None:
+        kv_cache = kv_cache.view(c.dtype.view)
+    return kv_cache.select(c.layout.logical.index("H"), 0) if "H" in c.layout.logical else kv_cache
+
+
+def canonical(c: Contract, kv_cache: torch.Tensor, dims: Dims | None = None) -> dict[str, torch.Tensor]:
+    """Every canonical view by name: K and V, or the latent view."""
+    if c.layout.latent:
+        return {"latent": latent_view(c, kv_cache, dims)}
+    return dict(zip("KV", split(c, kv_cache, dims)))
+
+
+def validate(c: Contract, kv_cache: torch.Tensor, dims: Dims | None = None) -> None:
+    """Raise ContractError unless `kv_cache` has the geometry of `c` (exactly, when `dims` is given)."""
+    shape, stride = tuple(kv_cache.shape), tuple(kv_cache.stride())
+    logical = c.layout.logical
+
+    def fail(reason: str) -> None:
+        raise ContractError(
+            f"{reason}: kv_cache shape {shape} strides {stride} dtype {kv_cache.dtype} "
+            f"does not match contract {c.describe()}"
+        )
+
+    if len(shape) != len(logical):
+        fail(f"rank {len(shape)}, expected {len(logical)} axes [{','.join(logical)}]")
+    if c.dtype.element is not None and kv_cache.dtype != c.dtype.element:
+        fail(f"element type {kv_cache.dtype}, expected {c.dtype.element} for cache dtype {c.cache_dtype}")
+    sizes = dict(zip(logical, shape))
+    if "KV" in sizes and sizes["KV"] != 2:
+        fail(f"K/V axis has size {sizes['KV']}, expected 2")
+    if "S" in sizes and sizes["S"] % 2:
+        fail(f"head-slot axis S has odd size {sizes['S']}, expected 2*kv_heads")
+    if "C" in sizes and not c.diff_kv and sizes["C"] % 2:
+        fail(f"packed axis C has odd size {sizes['C']}, expected K's width + V's width")
+    if logical == ("B", "H", "N", "R") and sizes["H"] != 1:
+        fail(f"latent head axis H has size {sizes['H']}, expected 1")
+    if dims is not None:
+        for axis in logical:
+            want = size(c, axis, dims)
+            if sizes[axis] != want:
+                w = c.dtype.width
+                what = (f"{want} (K's width {w(dims.head_dim)} + V's width {w(dims.v_dim)})" if axis == "C"
+                        else str(want))
+                fail(f"axis {axis} has size {sizes[axis]}, expected {what} for {dims}")
+    inner = logical[-1]
+    if sizes[inner] > 1 and stride[logical.index(inner)] != 1:
+        fail(f"innermost axis {inner} has stride {stride[logical.index(inner)]}, expected 1")
+    _check_memory_order(c, dict(zip(logical, stride)), sizes, fail)
+    if dims is not None:
+        expected = allocate(c, dims, kv_cache.dtype if c.dtype.element is None else torch.float16,
+                            device="meta").stride()
+        for axis, got, want in zip(logical, stride, expected):
+            if sizes[axis] > 1 and got != want:
+                fail(f"axis {axis} has stride {got}, expected {want} for {dims}")
+
+
+def _check_memory_order(c: Contract, stride: dict[str, int], sizes: dict[str, int],
+                        fail: Callable[[str], None]) -> None:
+    # Every axis must step over all axes physically inside it; this is what a `.contiguous()` copy or an ignored
+    # NHD/HND permutation breaks.
+    physical = c.layout.physical
+    inner_span = 1
+    for axis in reversed([a for a in physical if a != "L"]):
+        if sizes[axis] > 1 and stride[axis] < inner_span:
+            fail(
+                f"axis {axis} has stride {stride[axis]} but the axes inside it in memory "
+                f"[{','.join(physical[physical.index(axis) + 1:])}] span {inner_span}"
             )
-
-        if len(shape) != len(self.logical):
-            fail(f"rank {len(shape)}, expected {len(self.logical)} axes [{','.join(self.logical)}]")
-        if self.dtype.element is not None and kv_cache.dtype != self.dtype.element:
-            fail(f"element type {kv_cache.dtype}, expected {self.dtype.element} for cache dtype {self.cache_dtype}")
-        size = dict(zip(self.logical, shape))
-        if "KV" in size and size["KV"] != 2:
-            fail(f"K/V axis has size {size['KV']}, expected 2")
-        if "S" in size and size["S"] % 2:
-            fail(f"head-slot axis S has odd size {size['S']}, expected 2*kv_heads")
-        if "C" in size and not self.diff_kv and size["C"] % 2:
-            fail(f"packed axis C has odd size {size['C']}, expected K's width + V's width")
-        if self.logical == ("B", "H", "N", "R") and size["H"] != 1:
-            fail(f"latent head axis H has size {size['H']}, expected 1")
-        if dims is not None:
-            for axis in self.logical:
-                want = self.size(axis, dims)
-                if size[axis] != want:
-                    w = self.dtype.width
-                    what = (f"{want} (K's width {w(dims.head_dim)} + V's width {w(dims.v_dim)})" if axis == "C"
-                            else str(want))
-                    fail(f"axis {axis} has size {size[axis]}, expected {what} for {dims}")
-        inner = self.logical[-1]
-        if size[inner] > 1 and stride[self.logical.index(inner)] != 1:
-            fail(f"innermost axis {inner} has stride {stride[self.logical.index(inner)]}, expected 1")
-        self._check_memory_order(dict(zip(self.logical, stride)), size, fail)
-        if dims is not None:
-            expected = self.allocate(dims, kv_cache.dtype if self.dtype.element is None else torch.float16,
-                                     device="meta").stride()
-            for axis, got, want in zip(self.logical, stride, expected):
-                if size[axis] > 1 and got != want:
-                    fail(f"axis {axis} has stride {got}, expected {want} for {dims}")
-
-    def _check_memory_order(self, stride: dict[str, int], size: dict[str, int],
-                            fail: Callable[[str], None]) -> None:
-        # Every axis must step over all axes physically inside it; this is what a `.contiguous()` copy or
-        # an ignored NHD/HND permutation breaks.
-        inner_span = 1
-        for axis in reversed([a for a in self.physical if a != "L"]):
-            if size[axis] > 1 and stride[axis] < inner_span:
-                fail(
-                    f"axis {axis} has stride {stride[axis]} but the axes inside it in memory "
-                    f"[{','.join(self.physical[self.physical.index(axis) + 1:])}] span {inner_span}"
-                )
-            if size[axis] > 1:
-                inner_span = max(inner_span, stride[axis] * size[axis])
+        if sizes[axis] > 1:
+            inner_span = max(inner_span, stride[axis] * sizes[axis])

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from harness.contract import Contract, ContractError, Dims
+from harness.contract import Contract, ContractError, Dims, views
 from harness.fixtures import Recording
 
 # num_blocks=3 (not 2, which equals the K/V axis), layers 5: every axis size differs from every other.
@@ -125,14 +125,14 @@ def physical(named: dict[str, int]) -> tuple[str, ...]:
 
 def contract(logical: tuple[str, ...], phys: tuple[str, ...], origin: str) -> Contract:
     try:
-        return Contract(logical, phys, origin)
+        return Contract.of(logical, phys, origin)
     except ContractError as e:
         raise ProbeError(str(e)) from None
 
 
 def check_view(c: Contract, kv_cache: torch.Tensor, layer_offset: int, dims: Dims) -> None:
     """The tensor the release hands a layer must have exactly the contract's geometry at `dims`."""
-    want = c.geometry(dims, kv_cache.dtype).kv_cache
+    want = views.geometry(c, dims, kv_cache.dtype).kv_cache
     got = (tuple(kv_cache.shape), tuple(kv_cache.stride()), layer_offset)
     if got != (want.shape, want.stride, want.offset):
         raise ProbeError(
@@ -241,19 +241,19 @@ def observe_write(
     landed = {}
     for sign, who in ((1, "K"), (-1, "V")):
         idx = (kv_cache * sign > 0).nonzero()
-        landed[who] = {a: sorted(set(idx[:, i].tolist())) for i, a in enumerate(c.logical)}
-    split = [a for a in c.logical if not set(landed["K"][a]) & set(landed["V"][a])]
+        landed[who] = {a: sorted(set(idx[:, i].tolist())) for i, a in enumerate(c.layout.logical)}
+    split = [a for a in c.layout.logical if not set(landed["K"][a]) & set(landed["V"][a])]
     if len(split) != 1:
         raise ProbeError(f"{path}: K and V did not land on disjoint parts of one axis: {landed}")
     ax = split[0]
     where = {who: _span(ax, landed[who][ax]) for who in ("K", "V")}
-    expected = {"K": "C[0:32]", "V": "C[32:64]"} if c.packed else {"K": "KV=0", "V": "KV=1"}
+    expected = {"K": "C[0:32]", "V": "C[32:64]"} if c.layout.packed else {"K": "KV=0", "V": "KV=1"}
     if where != expected:
         raise ProbeError(
             f"{path} writes K at {where['K']} and V at {where['V']}; {c.describe()} expects K at {expected['K']}, "
             f"V at {expected['V']}: no known contract splits this way"
         )
-    k_view, v_view = c.split(kv_cache)
+    k_view, v_view = views.split(c, kv_cache)
     blocks, offs = slots // DIMS.block_size, slots % DIMS.block_size
     if not (torch.equal(k_view[blocks, offs], key) and torch.equal(v_view[blocks, offs], value)):
         raise ProbeError(f"{path}: K/V values are not at their slots in the views {c.describe()} gives")

@@ -33,7 +33,7 @@ import torch
 
 from harness import probe as p
 from harness.backends import BACKENDS, LAYOUT_ENV, LAYOUT_VALUES, Backend, layout_env
-from harness.contract import ALIASES, CACHE_DTYPES, Contract, ContractError, Dims, Row
+from harness.contract import ALIASES, CACHE_DTYPES, Contract, ContractError, Dims, Row, views
 
 GPU_LIBRARIES = ("flashinfer",)  # imported by a backend module, absent from some releases' CPU installs
 HEAD_DIM_V = 24  # V's head dim for the diff-KV backends: differs from every other size at DIMS
@@ -145,7 +145,7 @@ def axes(b: Backend, cache_dtype: str, shape: tuple[int, ...], what: str, layers
 
 def contract(b: Backend, logical, phys, origin: str, cache_dtype: str) -> Contract:
     try:
-        return Contract(logical, phys, origin, cache_dtype, b.diff_kv)
+        return Contract.of(logical, phys, origin, cache_dtype, b.diff_kv)
     except ContractError as e:
         raise p.ProbeError(f"{b.name}: {e}") from None
 
@@ -169,12 +169,12 @@ def _enum_views(version: str, b: Backend, cls: type, cache_dtype: str, mod: type
                                          layers=[f"layers.{i}" for i in range(d.num_layers)],
                                          layer_stride=strides[0], block_stride=strides[1])
             raw = torch.empty(tensor.size, dtype=torch.int8)
-            views = iface.create_kv_cache_views(raw, spec, d.num_blocks, member, tensor)
-            kv_cache = views[d.layer]
+            made = iface.create_kv_cache_views(raw, spec, d.num_blocks, member, tensor)
+            kv_cache = made[d.layer]
             logical = axes(b, cache_dtype, tuple(kv_cache.shape), "create_kv_cache_views")
             named = {a: s for a, s, n in zip(logical, kv_cache.stride(), kv_cache.shape) if n > 1}
             if count > 1:
-                named["L"] = views[1].storage_offset() - views[0].storage_offset()
+                named["L"] = made[1].storage_offset() - made[0].storage_offset()
             phys = _physical(logical, named, member, count)
             only = "" if len(classes) == len(CAPABILITIES) else f" ({', '.join(classes)})"
             setting = f"{member.name} {what}{only}"
@@ -238,7 +238,7 @@ def _write(b: Backend, cls: type, mod: types.ModuleType, c: Contract, kv_cache: 
     """Where the backend's own do_kv_cache_update puts K and V (p.observe_write), for a model-dtype K/V cache;
     otherwise why not: a quantising write is a CUDA kernel with no CPU stand-in, and before the method existed
     each backend wrote inside its forward."""
-    if c.latent:
+    if c.layout.latent:
         return "not observed: a latent cache has no K/V split to compare"
     if c.diff_kv:
         return "not observed: the write stand-in takes one head dim for K and V"
@@ -291,7 +291,7 @@ def _views_written(impl, impl_cls: type, mod: types.ModuleType, c: Contract, kv_
     if not seen:
         return f"not observed: {path} called no known write op ({', '.join(WRITE_OPS)})"
     got = [p.view_record(t) for t in seen[0]]
-    want = [p.view_record(t) for t in c.split(kv_cache)]
+    want = [p.view_record(t) for t in views.split(c, kv_cache)]
     if got != want:
         raise p.ProbeError(f"{path} hands its {c.cache_dtype} write K/V views {got}, but {c.describe()} splits "
                            f"into {want}")

@@ -32,7 +32,8 @@ class ReleaseContracts:
         how = "live probe of the installed vLLM" if self.source == "live" else "replay of the recorded fixture"
         kinds: dict[str, tuple[set[Contract], dict[str, None]]] = {}
         for c in self.contracts:
-            kind = f"{c.family}{'+diffkv' if c.diff_kv else ''}{'' if c.cache_dtype == 'auto' else '@' + c.cache_dtype}"
+            kind = (f"{c.layout.family}{'+diffkv' if c.diff_kv else ''}"
+                    f"{'' if c.cache_dtype == 'auto' else '@' + c.cache_dtype}")
             geometries, backends = kinds.setdefault(kind, (set(), {}))
             geometries.add(c)
             backends[c.origin.backend_name] = None

@@ -44,8 +44,8 @@ class Target:
             return {}
         c = self.contract
         return dict(backends=tuple(sorted({x.origin.backend_name for x in self.release.contracts if x == c})),
-                    cache_dtype=c.cache_dtype, family=c.family, order=".".join(c.physical),
-                    layers="cross-layer" if c.shared else "per-layer")
+                    cache_dtype=c.cache_dtype, family=c.layout.family, order=".".join(c.layout.physical),
+                    layers="cross-layer" if c.layout.shared else "per-layer")
 
 
 def targets(session: Session, check: Check | None = None) -> list[Target]:
@@ -68,7 +68,7 @@ def relayout_targets(session: Session) -> list[Target]:
         groups: dict[tuple, dict[Contract, None]] = {}
         for c in r.contracts:
             if session.selects(c) and not outside(c, session.sizes):
-                groups.setdefault((c.origin.backend_name, c.cache_dtype, c.shared), {})[c] = None
+                groups.setdefault((c.origin.backend_name, c.cache_dtype, c.layout.shared), {})[c] = None
         pairs: dict[tuple[Contract, Contract], None] = {}
         for group in groups.values():
             ring = list(group)
@@ -80,7 +80,7 @@ def relayout_targets(session: Session) -> list[Target]:
 
 def outside(c: Contract, sizes: Sizes, check: Check | None = None) -> str:
     """Why no item of `check` (None: of any check) takes geometry `c`; "" when one does."""
-    if c.latent:
+    if c.layout.latent:
         return "a latent (MLA) cache holds no K/V pair for a K/V subject to split"
     if c.diff_kv and check is not None and check.kernels:
         drawn = " or ".join(f"K {k} / V {v}" for k, v in sizes.diff_kv_dims)

@@ -16,7 +16,7 @@ import torch
 from harness import devices
 from harness.cache import Paging, filled, read
 from harness.compare import bits, diagnose
-from harness.contract import Contract, ContractError
+from harness.contract import Contract, ContractError, views
 from harness.layer import Layer, in_force
 from harness.results import Word
 from harness.run.session import layer_of
@@ -143,7 +143,7 @@ class Trial:
         """The subject's K and V views of the prepared cache, for a kernel check. NotRun when they do not read the
         tokens written where the contract says: kernels over them could only restate split-agrees' finding."""
         got = self.subject_split(p.kv_cache)
-        want = self.example.contract.split(p.kv_cache, self.example.dims)
+        want = views.split(self.example.contract, p.kv_cache, self.example.dims)
         for name, a, b in zip("KV", got, want):
             if a.shape != b.shape or a.dtype != b.dtype:
                 raise NotRun(f"the subject's {name} view is {tuple(a.shape)} {a.dtype}, the contract's "

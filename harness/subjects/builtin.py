@@ -20,7 +20,7 @@ import triton.language as tl
 from harness.cache import Paging
 from harness.cases import Case
 from harness.contract import cache_dtype
-from harness.layer import Layer, views
+from harness.layer import Layer, kv_views
 from harness.subjects import SparsitySemantics, TileConfig, check_paged_views
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
@@ -229,7 +229,7 @@ class BuiltinSubject:
         return None
 
     def split(self, kv_cache: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
-        return views(kv_cache, layer)
+        return kv_views(kv_cache, layer)
 
     def tile_config(self, case: Case) -> TileConfig:
         group = case.num_heads // case.kv_heads

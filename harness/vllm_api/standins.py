@@ -136,7 +136,7 @@ class _Shapes:
         self.release, self.name = release, b.name
         self.default_dtype = sig.parameters["cache_dtype_str"].default if "cache_dtype_str" in sig.parameters else None
         answers = [self._args(a, sig) for a in b.answers_to("get_kv_cache_shape")]
-        logicals = list(dict.fromkeys(c.logical for c in contracts))
+        logicals = list(dict.fromkeys(c.layout.logical for c in contracts))
         self.diff_kv = any(c.diff_kv for c in contracts)
         took = [(args, a) for args, a in answers if "result" in a]
         refused = [(args, a) for args, a in answers if "raises" in a]

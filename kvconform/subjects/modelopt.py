@@ -51,7 +51,7 @@ import torch
 from harness.cache import Paging
 from harness.cases import Case
 from harness.compare import view_mismatch
-from harness.contract import ContractError
+from harness.contract import ContractError, views
 from harness.layer import Layer, contract_of
 from harness import fixtures, vllm_api
 from harness.fixtures import Recording
@@ -154,7 +154,7 @@ class ModeloptSubject:
                      for c in _candidates(_load().kernel))
 
     def split(self, kv_cache: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
-        contract_of(layer).validate(kv_cache)  # the adapter's guard: the plugin itself checks nothing
+        views.validate(contract_of(layer), kv_cache)  # the adapter's guard: the plugin itself checks nothing
         mo = _load()
         release = self.release or (None if mo.live else _recorded_release(layer))
         where = (
