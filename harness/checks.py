@@ -25,7 +25,7 @@ CHEAP_FACTOR = 5  # examples of a check that launches nothing, per example of on
 class Check:
     """One check: its name in result lines, the subject capabilities it needs (harness.subjects), what its examples
     launch, its items' place in a run, the strategies of its examples and of its own argument, explicit examples
-    that always run first, and what its words mean."""
+    that always run first, what its words mean, and the one sparsity mode its cases take where it takes one."""
 
     name: str
     needs: frozenset[str] = frozenset()
@@ -36,6 +36,7 @@ class Check:
     extra: str = ""  # () -> the strategy of the check's own argument; "": none
     says: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
     module: str = ""  # its suite module under conformance/ ("" when another records it)
+    mode: str = ""  # the one sparsity mode its examples take ("": every mode)
 
     @property
     def kernels(self) -> bool:
@@ -80,7 +81,7 @@ DETERMINISM = Check("determinism", frozenset({"split", "forward"}), launches="su
                     explicit="harness.strategies:explicit", module="test_determinism",
                     says={"differs": "nondeterministic"})
 ULP_AUTOTUNED = Check("ulp-autotuned", frozenset({"split", "forward", "autotune"}), launches="subject", order=3,
-                      explicit="harness.strategies:explicit", module="test_ulp_autotuned",
+                      explicit="harness.strategies:explicit", module="test_ulp_autotuned", mode="none",
                       says={"differs": "beyond the rounding bound"})
 
 # In the order a reader follows a release: could it be installed and read, then the layout, then the kernels.

@@ -78,7 +78,9 @@ def plan(session: Session, max_examples: int) -> str:
                          "sparsity modes, once per session")
             continue
         explicit = len(checks.resolve(c.explicit)(sample.contract, session.sizes)) if c.explicit and sample else 0
-        parts.append(f"{c.name} {examples_per_item(c, max_examples)}" + (f" + {explicit} explicit" if explicit else "")
+        parts.append(f"{c.name} {examples_per_item(c, max_examples, c.mode)}"
+                     + (f" + {explicit} explicit" if explicit else "")
+                     + (f" (sparsity mode {c.mode} only)" if c.mode else "")
                      + (" (vLLM's own CUDA op: live on CUDA only)" if c.launches == "vllm" else ""))
     return "; ".join(parts)
 

@@ -13,7 +13,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import hypothesis
 from hypothesis import given, settings
@@ -76,8 +76,10 @@ class Loop:
 
     def run(self, target: Target, check: Check, fn: CheckFn) -> Settled:
         """Check `fn` over generated examples of `target` as `check` declares them (harness.checks: its budget,
-        strategies and explicit examples); raises NewFinding only on a new finding. A target of one sparsity mode
-        gets its share of the examples."""
+        strategies and explicit examples); raises NewFinding only on a new finding. A target of one sparsity mode (its
+        own, or the one its check takes) gets its share of the examples."""
+        if check.mode and not target.mode:
+            target = replace(target, mode=check.mode)
         state = Settled()
         sizes = self.s.sizes
         strategy = (checks.resolve(check.strategy)([target.contract], sizes) if check.strategy else
