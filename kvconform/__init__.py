@@ -384,17 +384,11 @@ class Conformance:
 
     def record_target(self, target, check, word, diagnosis: str = "") -> None:
         """Record an outcome of a whole (release, geometry) item, e.g. a check that cannot run here."""
-        from harness.run import loop
-        from harness.run.trial import Outcome
-
-        loop.record_target(self.session, target, check, Outcome(word, diagnosis))
+        self.loop.record_target(target, check, word, diagnosis)
 
     def record_release(self, r, check, word, diagnosis: str = "") -> str:
         """Record a whole-release outcome; the known finding's id if one predicts it."""
-        from harness.run import loop
-        from harness.run.trial import Outcome
-
-        return loop.record_release(self.session, r, check, Outcome(word, diagnosis))
+        return self.loop.record_release(r, check, word, diagnosis)
 
     def _guard(self, fn, *args):
         from harness.run.loop import DeviceLost, TimedOut

@@ -204,15 +204,14 @@ class Loop:
                           repro=self.repro(t) if not outcome.word.passing else "", known=known, device=self.s.device,
                           seconds=round(seconds, 4), **t.target.described)
 
+    def record_target(self, target: Target, check: Check, word: Word, diagnosis: str = "") -> None:
+        """Record an outcome of a whole (release, geometry) item, e.g. a check that cannot run here."""
+        self.s.sink.write(target.release, target.geometry, check.name, "*", Word(word), diagnosis,
+                          device=self.s.device, **target.described)
 
-def record_target(session: Session, target: Target, check: Check, outcome: Outcome) -> None:
-    """Record an outcome of a whole (release, geometry) item, e.g. a check that cannot run here."""
-    session.sink.write(target.release, target.geometry, check.name, "*", outcome.word, outcome.diagnosis,
-                       device=session.device, **target.described)
-
-
-def record_release(session: Session, r: ReleaseContracts, check: Check, outcome: Outcome) -> str:
-    """Record a whole-release outcome (contracts unreadable, drift); the known finding's id if one predicts it."""
-    known = findings.match(session.findings, r.release, "*", "*", check.name, outcome.word.value)
-    session.sink.write(r, "*", check.name, "*", outcome.word, outcome.diagnosis, known=known.id if known else "")
-    return known.id if known else ""
+    def record_release(self, r: ReleaseContracts, check: Check, word: Word, diagnosis: str = "") -> str:
+        """Record a whole-release outcome (contracts unreadable, drift); the known finding's id if one predicts it."""
+        word = Word(word)
+        known = findings.match(self.s.findings, r.release, "*", "*", check.name, word.value)
+        self.s.sink.write(r, "*", check.name, "*", word, diagnosis, known=known.id if known else "")
+        return known.id if known else ""
