@@ -1,7 +1,8 @@
 """The ulp-autotuned check (conformance/test_ulp_autotuned.py): its rounding bound as the module derives it, and the
 check in the suites: a subject whose autotuned paged forward lands beyond the bound is a new finding (differs), one
 inside it is within-tolerance, and a subject that declares no `autotune` gets a not-applicable line, never a pass.
-The planted subjects are the built-in kernel (Triton's interpreter, tiny shapes) declaring `autotune`."""
+The planted subjects here are the built-in kernel (Triton's interpreter, tiny shapes) declaring `autotune`; on CUDA,
+AutotunedSwapsKV plants a bug in modelopt's autotuned path alone."""
 
 import importlib.util
 import json
@@ -18,12 +19,26 @@ import torch
 from harness.cache import read
 from harness.cases import Case
 from harness.subjects.builtin import BuiltinSubject
+from kvconform.subjects.modelopt import ModeloptSubject
 
 REPO = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("ulp_check", REPO / "conformance" / "test_ulp_autotuned.py")
 ulp_check = importlib.util.module_from_spec(_spec)  # the check's bound, as the suites run it
 _spec.loader.exec_module(ulp_check)
 ITEM = "conformance/test_ulp_autotuned.py::test_ulp_autotuned[0.25.1-blocks-first:B.KV.N.H.D]"
+
+
+class AutotunedSwapsKV(ModeloptSubject):
+    """modelopt with a bug planted in its autotuned path alone: unpinned (`tile` None), its paged call reads K from
+    the V view and V from the K view. The pinned lane (bit-identity) never meets it; ulp-autotuned must catch it.
+    It needs modelopt's autotuner (CUDA): `--kvconform-subject test_ulp_autotuned:AutotunedSwapsKV`."""
+
+    name = "modelopt-autotuned-swaps-kv"
+
+    def paged_forward(self, case, q, k_cache, v_cache, paging, tile):
+        if tile is None:
+            k_cache, v_cache = v_cache, k_cache
+        return super().paged_forward(case, q, k_cache, v_cache, paging, tile)
 
 
 class Nudged(BuiltinSubject):
@@ -120,9 +135,11 @@ def test_a_paged_output_beyond_the_bound_is_a_new_finding(tmp_path):
 
 
 def test_a_paged_output_within_the_bound_is_within_tolerance(tmp_path):
-    done, rows = _suites(tmp_path, "test_ulp_autotuned:Within", ITEM)
+    done, rows = _suites(tmp_path, "test_ulp_autotuned:Within", ITEM, "-v")  # -v after -q: the header is shown
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert len(rows) == 3 and {r["outcome"] for r in rows} == {"within-tolerance"}, rows  # 2 explicit + 1 drawn
+    # The header states the examples the item draws: one sparsity mode's share of --kvconform-max-examples=1.
+    assert "ulp-autotuned 1 + 2 explicit (sparsity mode none only)" in done.stdout, done.stdout[-3000:]
     assert all("max ULP distance" in r["diagnosis"] and "tolerance" in r["diagnosis"] for r in rows), rows
     assert {r["sparsity"] for r in rows} == {"none"}
 
