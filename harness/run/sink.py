@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import compiles, findings, results
+from harness import compiles, results
 from harness.results import Word
 from harness.run.releases import ReleaseContracts
 
