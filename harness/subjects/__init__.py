@@ -96,7 +96,7 @@ class SparsitySemantics:
 
 SPLIT, TRANSFER, FORWARD, AUTOTUNE = "split", "transfer", "forward", "autotune"
 CAPABILITIES = (SPLIT, TRANSFER, FORWARD, AUTOTUNE)
-DEFAULT_CAPABILITIES = frozenset({SPLIT, FORWARD})  # a subject that declares nothing: a kernel, as before
+DEFAULT_CAPABILITIES = frozenset({SPLIT, FORWARD})  # a subject that declares nothing: a kernel
 METHODS = {SPLIT: ("split",), TRANSFER: ("extract", "inject"),
            FORWARD: ("tile_config", "paged_forward", "dense_forward"), AUTOTUNE: ("autotune_configs",)}
 

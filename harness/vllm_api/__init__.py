@@ -9,7 +9,7 @@ release's recording (fixtures/contracts/<release>.json, field `api`).
 
 Axis letters are harness.contract's. `backend_class(release, backend)` is the class a KV-cache consumer would get
 for (release, backend): live vLLM's (when the installed release is `release`), else the stand-in. A recording made
-before the probe kept the API (no `api` field) loads as before, but has no stand-ins: ApiError names its file and
+before the probe kept the API (no `api` field) loads, but has no stand-ins: ApiError names its file and
 the command that re-records it.
 """
 
