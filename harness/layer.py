@@ -22,7 +22,9 @@ import torch
 from harness.backends import BACKENDS, LAYOUT_ENV, LAYOUT_VALUES, backend_named, layout_env
 from harness.contract import Contract, ContractError, Dims, views
 from harness.fixtures import Recording
-from harness.probe import backends, patched
+from harness.probe import backends
+from harness.probe.observe import patched
+from harness.vllm_api import replaying
 
 ENUM_AXES = ("L", "B", "H", "N", "C")  # the axes KVCacheLayout's member names and stride orders spell
 
@@ -91,8 +93,6 @@ def in_force(layer: Layer) -> Iterator[None]:
     stand-in `vllm` modules importable."""
     with contextlib.ExitStack() as stack:
         if layer.recording is not None:
-            from harness.vllm_api import replaying
-
             stack.enter_context(replaying(layer.recording))
         stack.enter_context(layout_env(layer.kv_cache_layout if layer.kv_cache_layout in LAYOUT_VALUES else None))
         if hasattr(layer.backend, "head_size_v"):

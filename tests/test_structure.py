@@ -61,15 +61,10 @@ def _circles(graph) -> list[str]:
     return sorted(f"{a} -> {b} -> ... -> {a}" for a in graph for b in graph[a][0] if a in _reach(graph, b))
 
 
-def _package(name: str) -> str:
-    return name.rpartition(".")[0] if name.count(".") > 1 else name
-
-
 def _climbs(graph) -> list[str]:
-    """Imports inside a function of a module that imports the importer back. A package that loads its own parts
-    when first asked (harness.probe's era adapters, harness.vllm_api's stand-ins) stays inside its own room."""
+    """Imports inside a function of a module that imports the importer back (a package's own parts among them)."""
     return sorted(f"{a} imports {b} inside a function, and {b} imports {a}" for a in graph for b in graph[a][1]
-                  if a in _reach(graph, b) and _package(a) != _package(b))
+                  if a in _reach(graph, b))
 
 
 MODULES = _modules(ROOT)
@@ -105,3 +100,12 @@ def test_a_planted_circle_and_climb_are_seen(tmp_path):
     assert graph["harness.b"] == ({"harness.c"}, {"harness.a"}) and graph["harness.c"] == ({"harness.a"}, set())
     assert len(_circles(graph)) == 3 and _climbs(graph) == [
         "harness.b imports harness.a inside a function, and harness.a imports harness.b"]
+
+
+def test_a_package_loading_its_own_part_that_imports_it_back_is_a_climb(tmp_path):
+    (tmp_path / "harness" / "p").mkdir(parents=True)
+    (tmp_path / "harness" / "__init__.py").write_text("")
+    (tmp_path / "harness" / "p" / "__init__.py").write_text("def f():\n    from harness.p import part\n")
+    (tmp_path / "harness" / "p" / "part.py").write_text("from harness import p\n")
+    assert _climbs(_graph(_modules(tmp_path))) == [
+        "harness.p imports harness.p.part inside a function, and harness.p.part imports harness.p"]

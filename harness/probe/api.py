@@ -23,7 +23,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from harness import probe as p
+from harness.probe import observe as p
 from harness.backends import BACKENDS, LAYOUT_VALUES, layout_env
 from harness.contract import CACHE_DTYPES
 from harness.probe import backends
@@ -74,7 +74,7 @@ def _importing(path: str) -> Iterator[None]:
         p.module(path)
     except p.ProbeError as e:
         missing = (getattr(e.__cause__, "name", None) or "").split(".")[0]
-        if missing not in backends.GPU_LIBRARIES:
+        if missing not in p.GPU_LIBRARIES:
             raise
         with backends.stubs(missing):
             yield

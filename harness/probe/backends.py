@@ -31,11 +31,10 @@ from typing import Any
 
 import torch
 
-from harness import probe as p
+from harness.probe import observe as p
 from harness.backends import BACKENDS, LAYOUT_ENV, LAYOUT_VALUES, Backend, layout_env
 from harness.contract import ALIASES, CACHE_DTYPES, Contract, ContractError, Dims, Row, views
 
-GPU_LIBRARIES = ("flashinfer",)  # imported by a backend module, absent from some releases' CPU installs
 HEAD_DIM_V = 24  # V's head dim for the diff-KV backends: differs from every other size at DIMS
 CAPABILITIES = ((9, 0), (10, 0))  # device classes a backend may answer differently for (Hopper, Blackwell)
 
@@ -63,7 +62,7 @@ def read(version: str, enum_era: bool) -> tuple[list[Contract], dict[str, Any]]:
                 mod = p.module(b.path)
             except p.ProbeError as e:
                 stubbed = (getattr(e.__cause__, "name", None) or "").split(".")[0]
-                if stubbed not in GPU_LIBRARIES:
+                if stubbed not in p.GPU_LIBRARIES:
                     raise
                 with stubs(stubbed):
                     mod = p.module(b.path)
@@ -276,7 +275,7 @@ def _views_written(impl, impl_cls: type, mod: types.ModuleType, c: Contract, kv_
 
     def record(key, value, key_cache, value_cache, *rest, **kwargs):
         seen.append((key_cache, value_cache))
-        raise p._Written
+        raise p.Written
 
     path = f"{impl_cls.__name__}.do_kv_cache_update"
     h, d = p.DIMS.kv_heads, p.DIMS.head_dim
@@ -284,7 +283,7 @@ def _views_written(impl, impl_cls: type, mod: types.ModuleType, c: Contract, kv_
     with p.write_ops(mod, record, WRITE_OPS + ("triton_reshape_and_cache_flash_per_token_head_quant",)):
         try:
             impl.do_kv_cache_update(p.layer(), key, key, kv_cache, torch.tensor(p.SLOTS))
-        except p._Written:
+        except p.Written:
             pass
         except AttributeError as e:
             return f"not observed: {path} needs {e} that the probe does not provide"

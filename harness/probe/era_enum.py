@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from harness import probe as p
+from harness.probe import observe as p
 from harness.contract import Dims
 from harness.fixtures import Recording
 from harness.probe import era_write

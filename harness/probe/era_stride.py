@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from harness import probe as p
+from harness.probe import observe as p
 from harness.backends import LAYOUT_ENV, LAYOUT_VALUES, layout_env
 from harness.contract import Dims
 from harness.fixtures import Recording

@@ -8,7 +8,7 @@ from __future__ import annotations
 import types
 from collections.abc import Callable
 
-from harness import probe as p
+from harness.probe import observe as p
 from harness.fixtures import Recording
 from harness.probe import era_stride
 

@@ -4,7 +4,8 @@ release's recording (fixtures/contracts/<release>.json, field `api`).
 - `surface`: what the probe records (names, kinds, signatures, answers at several argument sets) and its typed view.
 - `standins`: per release, backend classes, layout functions and the KVCacheLayout enum with exactly the recorded
   surface, answering from the recording's model (contracts for sizes, recorded answers over finite domains);
-  CannotAnswer where the model has no answer, the release's own exception type where it refused.
+  CannotAnswer where the model has no answer, the release's own exception type where it refused; `api_of` and
+  `stand_ins` (built once per recording and device class).
 - `modules`: `replaying(recording)` installs one release's stand-ins as importable `vllm...` modules for a scope.
 
 Axis letters are harness.contract's. `backend_class(release, backend)` is the class a KV-cache consumer would get
@@ -23,28 +24,11 @@ from harness import fixtures
 from harness.backends import BACKENDS, backend_named
 from harness.fixtures import Recording
 from harness.vllm_api.modules import ReplayError, real_vllm, replaying
-from harness.vllm_api.standins import CannotAnswer, StandIns
+from harness.vllm_api.standins import CannotAnswer, StandIns, api_of, stand_ins
 from harness.vllm_api.surface import Api, ApiError
 
 __all__ = ["Api", "ApiError", "CannotAnswer", "ReplayError", "StandIns", "api_of", "backend_class", "replaying",
            "stand_ins"]
-
-
-def api_of(recording: Recording) -> Api:
-    """The recorded layout API of `recording`; ApiError when it has none (an old recording)."""
-    return Api.from_json(recording.release, recording.api, f"the recording of vLLM {recording.release} "
-                         f"({fixtures.path(recording.release)})")
-
-
-_cache: dict[tuple, StandIns] = {}
-
-
-def stand_ins(recording: Recording, device: str | None = None) -> StandIns:
-    """`recording`'s stand-ins (built once per recording and device class)."""
-    key = (recording.release, recording.contracts, id(recording.api), device)
-    if key not in _cache:
-        _cache[key] = StandIns(api_of(recording), recording.contracts, device)
-    return _cache[key]
 
 
 def backend_class(release: str | Recording, backend: str, device: str | None = None) -> Any:

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from harness.fixtures import Recording
+from harness.vllm_api.standins import stand_ins
 
 _lock = threading.RLock()
 _active: list[str] = []  # the release whose stand-ins are installed (at most one)
@@ -65,8 +66,6 @@ def build(recording: Recording, device: str | None = None) -> dict[str, types.Mo
 
 
 def _build(recording: Recording, device: str | None) -> dict[str, types.ModuleType]:
-    from harness.vllm_api import stand_ins
-
     s = stand_ins(recording, device)
     api = s.api
     release = api.release

@@ -28,8 +28,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from harness import fixtures
 from harness.backends import LAYOUT_ENV
 from harness.contract import Contract
+from harness.fixtures import Recording
 from harness.vllm_api.surface import Api, ApiError, BackendApi, Member
 
 # Stored width of one side per token and head, by rule name; a rule is chosen per (backend, cache dtype string) by
@@ -384,3 +386,20 @@ class StandIns:
         fn.__doc__ = f"REPLAY stand-in for {where}{spec.get('signature')}"
         fn.__module__ = module
         return fn
+
+
+def api_of(recording: Recording) -> Api:
+    """The recorded layout API of `recording`; ApiError when it has none (an old recording)."""
+    return Api.from_json(recording.release, recording.api, f"the recording of vLLM {recording.release} "
+                         f"({fixtures.path(recording.release)})")
+
+
+_cache: dict[tuple, StandIns] = {}
+
+
+def stand_ins(recording: Recording, device: str | None = None) -> StandIns:
+    """`recording`'s stand-ins (built once per recording and device class)."""
+    key = (recording.release, recording.contracts, id(recording.api), device)
+    if key not in _cache:
+        _cache[key] = StandIns(api_of(recording), recording.contracts, device)
+    return _cache[key]
