@@ -51,7 +51,7 @@ def check(t):
     ex, mutation = t.example, t.extra
     if not applicable(ex, mutation):
         mutation = "extra-axis"
-    bad = malform(views.allocate(ex.contract, ex.dims, ex.case.torch_dtype, t.device), ex.contract, mutation)
+    bad = malform(t.allocate(), ex.contract, mutation)
     shape = tuple(bad.shape)
     try:
         with in_force(t.layer):

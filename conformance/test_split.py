@@ -4,7 +4,7 @@ a copy with equal values would still fail here, since it would hide a wrong layo
 stride of an axis of size 1 addresses nothing (torch leaves it free), so strides are compared where the size is
 not 1."""
 
-from harness import checks
+from harness import checks, costs
 from harness.compare import view_mismatch
 from harness.contract import views
 from harness.results import Word
@@ -15,11 +15,12 @@ CHECK = checks.SPLIT_AGREES  # its declaration: what it needs, costs and draws
 
 def check(t):
     ex = t.example
-    kv_cache = views.allocate(ex.contract, ex.dims, ex.case.torch_dtype, t.device)
+    kv_cache = t.allocate()
     got = t.subject_split(kv_cache)
-    want = views.split(ex.contract, kv_cache, ex.dims)
-    for name, a, b in zip("KV", got, want):
-        wrong = view_mismatch(a, b)
+    with costs.phase("compare"):
+        want = views.split(ex.contract, kv_cache, ex.dims)
+        mismatches = [view_mismatch(a, b) for a, b in zip(got, want)]
+    for name, wrong in zip("KV", mismatches):
         if wrong:
             return Outcome(Word.DIFFERS, f"{name} view of kv_cache {tuple(kv_cache.shape)} strides "
                                          f"{kv_cache.stride()}: {'; '.join(wrong)}")

@@ -19,7 +19,7 @@ import hypothesis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import checks, findings, limits, profiles
+from harness import checks, costs, findings, limits, profiles
 from harness.checks import Check
 from harness.results import Word
 from harness.run import regressions
@@ -105,7 +105,7 @@ class Loop:
 
     def _limited(self, target: Target, check: str, state: Settled, body) -> Settled:
         try:
-            with limits.time_limit(self.timeout, self._hung), alike():
+            with costs.CLOCK.item(check), limits.time_limit(self.timeout, self._hung), alike():
                 body()
         except limits.ItemTimeout as e:
             raise TimedOut(self._record_timeout(str(e))) from None
@@ -138,15 +138,17 @@ class Loop:
 
     def _one(self, t: Trial, check: Check, fn: CheckFn, state: Settled) -> None:
         self._current = t
+        costs.CLOCK.example()
         start = time.perf_counter()
         try:
-            reason = self._unsupported(check, t)
+            with costs.phase("check"):
+                reason = self._unsupported(check, t)
+                outcome = None if reason else fn(t)
             if reason:
                 state.unsupported.add(reason)
                 if state.failure is None:
                     self._record(t, Outcome(Word.UNSUPPORTED, reason))
                 return
-            outcome = fn(t)
         except Verdict as v:
             outcome = v.outcome
         except NotRun as e:
@@ -199,6 +201,10 @@ class Loop:
         return regressions.repro(t.target, t.check, t.example, t.extra, f"{self.replay_command} {self.s.args}")
 
     def _record(self, t: Trial, outcome: Outcome, known: str = "", seconds: float = 0.0) -> None:
+        with costs.phase("record"):
+            self._write(t, outcome, known, seconds)
+
+    def _write(self, t: Trial, outcome: Outcome, known: str, seconds: float) -> None:
         self.s.sink.write(t.target.release, t.target.geometry, t.check, t.example.case.sparsity.mode, outcome.word,
                           outcome.diagnosis, case=t.example.digest(),
                           repro=self.repro(t) if not outcome.word.passing else "", known=known, device=self.s.device,

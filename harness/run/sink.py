@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import compiles, results
+from harness import compiles, costs, results
 from harness.results import Word
 from harness.run.releases import ReleaseContracts
 
@@ -38,7 +38,8 @@ class Sink:
     def process_report(self, device: str) -> dict:
         """This process's device, compiles, loads and result lines, as the run summary keeps them."""
         c = compiles.counts()
-        return {"device": device, "compiled": c.compiled, "loaded": c.loaded, "results": self.written}
+        return {"device": device, "compiled": c.compiled, "loaded": c.loaded, "results": self.written,
+                "costs": costs.CLOCK.report()}
 
     def culprit(self, worker: str) -> str:
         """What ended a crashed xdist worker, when it was the device: its last result line, the example that
@@ -91,8 +92,9 @@ class Sink:
         lines, and the `slowest` examples of each check with their times."""
         lines = [f"kvconform run {self.run}"] + head
         for name, w in sorted(self.workers.items()):
-            lines.append(f"kvconform process {name} on {w['device']}: {w['results']} results; kernels "
-                         f"{w['compiled']} compiled, {w['loaded']} loaded from the disk cache" if w else
+            busy = sum(v for c in w.get("costs", {}).values() for k, v in c.items() if k in costs.PHASES) if w else 0
+            lines.append(f"kvconform process {name} on {w['device']}: {w['results']} results in {busy:.1f} s of "
+                         f"items; kernels {w['compiled']} compiled, {w['loaded']} loaded from the disk cache" if w else
                          f"kvconform process {name}: ended without reporting (crashed or killed)")
         ran: list[results.Result] = []
         for r in releases:
@@ -113,6 +115,8 @@ class Sink:
             lines += [f"  merged: {self.merged[r.release]}"] if r.release in self.merged else []
             lines += [f"  STALE {x.known}: {x.diagnosis}" for x in rows if x.outcome == results.STALE]
         lines += [f"kvconform {line}" for line in coverage]
+        lines += [f"kvconform {line}" for line in costs.lines(costs.merged(
+            [w["costs"] for w in self.workers.values() if w and "costs" in w]))]
         by_check: dict[str, list[results.Result]] = {}
         for x in ran:
             if x.seconds:

@@ -13,7 +13,7 @@ from functools import cached_property
 
 import torch
 
-from harness import devices
+from harness import costs, devices
 from harness.cache import Paging, filled, read
 from harness.compare import bits, diagnose
 from harness.contract import Contract, ContractError, views
@@ -71,6 +71,11 @@ class Prepared:
 
 def compare(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Outcome:
     """bit-identical, or differs with the harness.compare diagnosis."""
+    with costs.phase("compare"):
+        return _compared(actual, expected, what)
+
+
+def _compared(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Outcome:
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
         return Outcome(Word.DIFFERS, f"{what}: {tuple(actual.shape)} {actual.dtype} vs "
                                      f"{tuple(expected.shape)} {expected.dtype}")
@@ -104,10 +109,17 @@ class Trial:
     def prepare(self) -> Prepared:
         """Tokens written where the release's contract says (what vLLM's cache write does), pages poisoned."""
         ex = self.example
-        q, k, v = ex.inputs(self.device)
-        k, v = ex.contract.dtype.stored(k), ex.contract.dtype.stored(v)
-        pages = ex.paging().to(self.device)
-        return Prepared(q, k, v, filled(ex.contract, ex.dims, pages, k, v), pages)
+        with costs.phase("cache"):
+            q, k, v = ex.inputs(self.device)
+            k, v = ex.contract.dtype.stored(k), ex.contract.dtype.stored(v)
+            pages = ex.paging().to(self.device)
+            return Prepared(q, k, v, filled(ex.contract, ex.dims, pages, k, v), pages)
+
+    def allocate(self) -> torch.Tensor:
+        """The example's kv_cache, every element poisoned, nothing written."""
+        ex = self.example
+        with costs.phase("cache"):
+            return views.allocate(ex.contract, ex.dims, ex.case.torch_dtype, self.device)
 
     def call(self, fn, *args):
         """Call into the subject; its ContractError is a contract-error, anything else it raises a subject-error.
@@ -115,10 +127,12 @@ class Trial:
         is waited for, so that a fault of the subject's kernel is reported against this call."""
         layer = next((a for a in args if isinstance(a, Layer)), None)
         try:
-            with in_force(layer) if layer is not None else contextlib.nullcontext():
-                out = fn(*args)
+            with costs.phase("setting"), in_force(layer) if layer is not None else contextlib.nullcontext():
+                with costs.phase("subject"):
+                    out = fn(*args)
             if self.device.startswith("cuda"):
-                torch.cuda.synchronize(self.device)
+                with costs.phase("sync"):
+                    torch.cuda.synchronize(self.device)
             return out
         except ContractError as e:
             raise Verdict(Outcome(Word.CONTRACT_ERROR, f"{type(e).__name__}: {e}")) from e
