@@ -1,6 +1,6 @@
 """The conformance suites' speed on CUDA: kernel examples per second of wall time, cold and warm compile cache,
-one GPU and all of them. Each run's pytest output is kept in its folder (pytest.log; add --durations=N after --
-for per-item times).
+one GPU and all of them, and what each check costs per example. Each run's pytest output is kept in its folder
+(pytest.log; add --durations=N after -- for per-item times).
 
     python benchmarks/bench_suites.py                       # default-subset releases: cold, warm (1 GPU), warm (all)
     python benchmarks/bench_suites.py --runs warm:1 -- -x   # one run; pytest options after --
@@ -11,6 +11,12 @@ examples are result lines of the checks that launch the subject's kernels (bit-i
 ran them; the checks that launch none (split agreement, malformed caches) are counted apart. `cold` starts from an
 empty Triton cache, `warm` reuses the cache the run before it filled. Compiles come from results/run.json (the
 warm-up's, and each worker's after it). Prints one line per run and writes them to --out as JSON.
+
+Then, per run, the cost of each check per example in milliseconds, split into phases (harness.costs: drawing,
+caches, the layer's setting, subject calls, device waits, the check's own work, comparing, result lines) and summed
+over its workers, next to the figure docs/measurements.md records under GUARD for that check; and one line per
+worker. The guard: the script exits 1 when a check costs more than LIMIT times its recorded figure (a slowdown seen
+the day it lands; never a conformance verdict). `--no-guard` prints the figures without judging them.
 """
 
 from __future__ import annotations
@@ -29,10 +35,54 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from harness import checks, matrix, results  # noqa: E402
+from harness import checks, costs, matrix, results  # noqa: E402
 
 KERNEL_CHECKS = checks.KERNEL_CHECKS
 RAN = ("bit-identical", "within-tolerance", "differs")  # kernel examples whose kernels ran
+MEASUREMENTS = ROOT / "docs" / "measurements.md"
+GUARD = "bench_suites guard"  # the heading in MEASUREMENTS above the table of recorded per-check costs
+LIMIT = 1.25
+
+
+def recorded(text: str) -> dict[str, float]:
+    """The recorded ms per example of each check: the first table after the GUARD heading of measurements.md."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("#") and GUARD in line), None)
+    if start is None:
+        raise ValueError(f"{MEASUREMENTS.name} has no heading naming {GUARD!r}")
+    figures: dict[str, float] = {}
+    for line in lines[start + 1:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if not cells:
+            if figures:
+                break
+            continue
+        if len(cells) >= 2 and cells[0] in checks.BY_NAME:
+            try:
+                figures[cells[0]] = float(cells[1])
+            except ValueError:
+                raise ValueError(f"{MEASUREMENTS.name}, {GUARD}: {cells[1]!r} for {cells[0]} is not ms per example")
+    if not figures:
+        raise ValueError(f"{MEASUREMENTS.name}, {GUARD}: no table of check | ms per example under the heading")
+    return figures
+
+
+def over(measured: dict[str, float], figures: dict[str, float], limit: float = LIMIT) -> list[str]:
+    """The checks whose ms per example is above `limit` times the recorded figure, each said in one line."""
+    return [f"{check}: {ms:.2f} ms per example, {ms / figures[check]:.2f} x the recorded {figures[check]:.2f} "
+            f"(limit {limit:g} x)" for check, ms in sorted(measured.items())
+            if check in figures and ms > limit * figures[check]]
+
+
+def cost_table(report: dict[str, dict[str, float]], figures: dict[str, float]) -> list[str]:
+    """Per check: examples, ms per example in total and per phase, and the recorded figure."""
+    phases = list(costs.PHASES)
+    out = [f"{'check':<18} {'examples':>8} {'ms/ex':>7} {'recorded':>8}  " + " ".join(f"{p:>7}" for p in phases)]
+    for check, f in sorted(report.items()):
+        ms = costs.per_example(f)
+        out.append(f"{check:<18} {int(f.get('examples', 0)):>8} {ms['total']:>7.2f} "
+                   f"{figures.get(check, float('nan')):>8.2f}  " + " ".join(f"{ms.get(p, 0):>7.2f}" for p in phases))
+    return out
 
 
 def run(name: str, gpus: str, cpus: int, cache: Path, releases: list[str], out: Path, extra: list[str],
@@ -73,6 +123,11 @@ def run(name: str, gpus: str, cpus: int, cache: Path, releases: list[str], out: 
         "warmup_loaded": warm.get("counts", {}).get("loaded"),
         "workers_compiled": sum(p.get("compiled", 0) for p in processes if p),
         "workers_loaded": sum(p.get("loaded", 0) for p in processes if p),
+        "costs": costs.merged([p["costs"] for p in processes if p and "costs" in p]),
+        "workers": {name: {"results": p.get("results", 0),
+                           "busy_s": round(sum(v for c in p.get("costs", {}).values() for k, v in c.items()
+                                               if k in costs.PHASES), 1)}
+                    for name, p in sorted(info.get("processes", {}).items()) if p},
     }
     if done.returncode not in (0, 1):
         figures["stderr"] = done.stderr[-2000:]
@@ -92,12 +147,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--triton-cache", type=Path, default=None,
                         help="the Triton cache folder (a cold run empties it); default: a new temporary one")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_suites")
+    parser.add_argument("--no-guard", action="store_true", help="print the per-check costs without judging them")
     args, extra = parser.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
     import torch
 
     if not torch.cuda.is_available():
         sys.exit("bench_suites needs a CUDA device")
+    figures = {} if args.no_guard else recorded(MEASUREMENTS.read_text())
     everything = ",".join(map(str, range(torch.cuda.device_count())))
     releases = ([r.name for r in matrix.load() if r.default] if args.releases == "default"
                 else args.releases.split(","))
@@ -128,6 +185,18 @@ def main(argv: list[str]) -> int:
         print(f"{f['run']:<10} {f['gpus']:<5} {f['cpus']:>4} {f['wall_s']:>7} {f['kernel_examples']:>9} {f['per_s']:>6} "
               f"{f['cheap_examples']:>8} {f['warmup_s']:>9} {str(f['warmup_compiled']) + ' / ' + str(f['workers_compiled']):>24}"
               f"  {f['kernel_by_device']}")
+    slow = []
+    for f in lines:
+        print(f"\nrun {f['run']}: cost per example (ms), summed over its workers; recorded: {MEASUREMENTS.name}, "
+              f"{GUARD}")
+        print("\n".join(cost_table(f["costs"], figures)))
+        for name, w in f["workers"].items():
+            print(f"  worker {name}: {w['results']} results, {w['busy_s']} s in items")
+        measured = {c: costs.per_example(x)["total"] for c, x in f["costs"].items()}
+        slow += [f"run {f['run']}: {line}" for line in over(measured, figures)]
+    if slow:
+        print("\nslower than recorded (a benchmark guard, not a verdict):\n" + "\n".join(slow))
+        return 1
     return 0
 
 

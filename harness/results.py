@@ -84,7 +84,7 @@ class Result:
     finding that predicted the outcome, if any."""
 
     run: str  # the id of the run that wrote it (new_run_id)
-    time: str = ""  # when it was written (UTC, ISO 8601; append stamps it)
+    time: str = ""  # when it happened (UTC, ISO 8601; stamped when written unless set)
     release: str
     source: str  # "live" (probed from the installed vLLM), "replay" (recorded fixture), or "install"
     subject: str
@@ -122,14 +122,27 @@ def release_dir(root: Path, release: str) -> Path:
     return Path(root) / release
 
 
+def stamped(result: Result) -> Result:
+    """The result with the time it happened, unless it has one."""
+    return result if result.time else replace(result, time=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
 def append(root: Path, result: Result, worker: str | None = None) -> None:
     """Add one line to this worker's file for the result's release (to the merged file when `worker` is None),
     stamped with the time it was written."""
-    d = release_dir(root, result.release)
-    d.mkdir(parents=True, exist_ok=True)
-    stamped = replace(result, time=result.time or datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    with open(d / (f"results.{worker}.jsonl" if worker else "results.jsonl"), "a") as f:
-        f.write(json.dumps(asdict(stamped), sort_keys=True) + "\n")
+    append_all(root, [result], worker)
+
+
+def append_all(root: Path, rows: list[Result], worker: str | None = None) -> None:
+    """Add lines in order, each file opened once (see `append`)."""
+    by_release: dict[str, list[str]] = {}
+    for r in rows:
+        by_release.setdefault(r.release, []).append(json.dumps(asdict(stamped(r)), sort_keys=True) + "\n")
+    for release, lines in by_release.items():
+        d = release_dir(root, release)
+        d.mkdir(parents=True, exist_ok=True)
+        with open(d / (f"results.{worker}.jsonl" if worker else "results.jsonl"), "a") as f:
+            f.writelines(lines)
 
 
 ITEM = ("subject", "check", "geometry", "backends", "cache_dtype", "sparsity")  # what the lines of one item share

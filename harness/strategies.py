@@ -28,6 +28,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
+from functools import cache
 
 import torch
 from hypothesis import strategies as st
@@ -111,67 +112,100 @@ SKIP_THRESHOLDS = (0.05, 0.3, 0.7, 0.95)
 WARMUP_SHAPES = ((1, 1), (1, 256), (32, 32), (256, 256))
 
 
+# A strategy is a value: each builder below is built once per argument set and then reused. Hypothesis validates a
+# strategy object and works out its labels on its first draw; a builder that made its parts afresh inside every draw
+# paid that again for each example (most of an example's drawing time). The draws are the same either way.
+@cache
+def _sampled(options: tuple) -> st.SearchStrategy:
+    return st.sampled_from(options)
+
+
+@cache
 @st.composite
 def kv_lengths(draw, block_size: int, long_len: int) -> int:
     """A KV length straddling a page boundary (1, bs-1, bs, bs+1, 2bs+1), long, or anything in between."""
+    return draw(_kv_length_choices(block_size, long_len))
+
+
+@cache
+def _kv_length_choices(block_size: int, long_len: int) -> st.SearchStrategy[int]:
     edges = [1, block_size - 1, block_size, block_size + 1, 2 * block_size + 1, long_len]
-    return draw(st.one_of(st.sampled_from([e for e in edges if 1 <= e <= long_len]), st.integers(1, long_len)))
+    return st.one_of(st.sampled_from([e for e in edges if 1 <= e <= long_len]), st.integers(1, long_len))
 
 
+@cache
+def _chunked_kv_lengths(block_size: int, long_len: int) -> st.SearchStrategy[int]:
+    return kv_lengths(block_size, long_len).filter(lambda n: n >= 3)
+
+
+@cache
 @st.composite
 def sequences(draw, block_size: int, long_len: int, kind: str | None = None) -> tuple[int, int]:
     """(q_len, kv_len) of one prefill (q == kv), chunked prefill / prefix hit (1 < q < kv) or decode (q == 1)."""
-    kind = kind or draw(st.sampled_from(SEQUENCE_KINDS))
+    kind = kind or draw(_sampled(SEQUENCE_KINDS))
     if kind == "chunked":
-        kv = draw(kv_lengths(block_size, long_len).filter(lambda n: n >= 3))
+        kv = draw(_chunked_kv_lengths(block_size, long_len))
         return draw(st.integers(2, kv - 1)), kv
     kv = draw(kv_lengths(block_size, long_len))
     return (kv if kind == "prefill" else 1), kv
 
 
+@cache
 @st.composite
 def sequence_mixes(draw, block_size: int, sizes: Sizes) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(q_lens, kv_lens) of a batch of 1..max_seqs sequences, kinds mixed freely."""
-    seqs = draw(st.lists(sequences(block_size, sizes.long_len), min_size=1, max_size=sizes.max_seqs))
+    seqs = draw(_sequence_lists(block_size, sizes.long_len, sizes.max_seqs))
     return tuple(q for q, _ in seqs), tuple(kv for _, kv in seqs)
 
 
+@cache
+def _sequence_lists(block_size: int, long_len: int, max_seqs: int) -> st.SearchStrategy[list[tuple[int, int]]]:
+    return st.lists(sequences(block_size, long_len), min_size=1, max_size=max_seqs)
+
+
+@cache
 @st.composite
 def heads(draw, sizes: Sizes) -> tuple[int, int]:
     """(num_heads, kv_heads): MHA, GQA or MQA."""
-    kv = draw(st.sampled_from(sizes.kv_heads))
-    return kv * draw(st.sampled_from(sizes.groups)), kv
+    kv = draw(_sampled(sizes.kv_heads))
+    return kv * draw(_sampled(sizes.groups)), kv
 
 
+@cache
 @st.composite
 def sparsities(draw, sizes: Sizes, mode: str | None = None) -> Sparsity:
     """none, skip-softmax (threshold varies) or N:M (m fixed per compile; n, sink, recent vary); `mode` fixes which."""
-    mode = mode or draw(st.sampled_from(SPARSITY_MODES))
+    mode = mode or draw(_sampled(SPARSITY_MODES))
     if mode == "skip_softmax":
-        return Sparsity(mode, threshold=draw(st.sampled_from(SKIP_THRESHOLDS)))
+        return Sparsity(mode, threshold=draw(_sampled(SKIP_THRESHOLDS)))
     if mode == "nm":
-        m = draw(st.sampled_from(sizes.nm_groups))
+        m = draw(_sampled(sizes.nm_groups))
         return Sparsity(mode, n=draw(st.integers(1, m - 1)), m=m, sink=draw(st.integers(0, 8)),
                         recent=draw(st.integers(0, 16)))
     return Sparsity()
 
 
+@cache
 def block_sizes(sizes: Sizes, head_dim: int) -> st.SearchStrategy[int]:
     """A block size of `sizes`, the one as long as `head_dim` (where there is one) twice as often as each other."""
     return st.sampled_from(sizes.block_sizes + ((head_dim,) if head_dim in sizes.block_sizes else ()))
 
 
+_CAUSAL = st.booleans().map(lambda b: not b)  # shrinks towards causal
+
+
+@cache
 @st.composite
 def cases(draw, sizes: Sizes, mode: str | None = None) -> Case:
     """A valid Case with compile-time values from `sizes` and everything else free (the sparsity mode too, unless
     `mode` is given)."""
-    head_dim = draw(st.sampled_from(sizes.head_dims))
+    head_dim = draw(_sampled(sizes.head_dims))
     block_size = draw(block_sizes(sizes, head_dim))
     q_lens, kv_lens = draw(sequence_mixes(block_size, sizes))
     num_heads, kv_heads = draw(heads(sizes))
     return Case(
         q_lens, kv_lens, num_heads, kv_heads, head_dim=head_dim, block_size=block_size,
-        dtype=draw(st.sampled_from(sizes.dtypes)), causal=draw(st.booleans().map(lambda b: not b)),
+        dtype=draw(_sampled(sizes.dtypes)), causal=draw(_CAUSAL),
         sparsity=draw(sparsities(sizes, mode)), seed=draw(st.integers(0, 2**16)),
     )
 
@@ -200,31 +234,37 @@ MALFORMATIONS = ("extra-axis", "bad-kv-or-c-size", "strided-innermost", "ignored
 
 def malformations() -> st.SearchStrategy[str]:
     """A way to malform a release's kv_cache (conformance/test_malformed.py says what each does)."""
-    return st.sampled_from(MALFORMATIONS)
+    return _sampled(MALFORMATIONS)
 
 
+@cache
 @st.composite
 def num_blocks(draw, needed: int) -> int:
     """Pages in the cache: exactly what the batch needs, 2 or 3 where they fit (the sizes that collide with the
     K/V axis and make naive layout detection ambiguous), or a few spare pages (left poisoned)."""
+    return draw(_page_counts(needed))
+
+
+@cache
+def _page_counts(needed: int) -> st.SearchStrategy[int]:
     small = [n for n in (2, 3) if n >= needed]
-    return draw(st.one_of(st.just(needed), st.sampled_from(small) if small else st.nothing(),
-                          st.integers(needed, needed + 4)))
+    return st.one_of(st.just(needed), st.sampled_from(small) if small else st.nothing(), st.integers(needed, needed + 4))
 
 
+@cache
 @st.composite
 def layers(draw, contract: Contract) -> tuple[int, int]:
     """(num_layers, layer): 1..8 layers for a shared allocation (2, as long as the K/V axis, twice as often as each
     other count), any layer of them; (1, 0) otherwise."""
     if not contract.layout.shared:
         return 1, 0
-    count = draw(st.sampled_from((*range(1, 9), 2)))
+    count = draw(_sampled((*range(1, 9), 2)))
     return count, draw(st.integers(0, count - 1))
 
 
 def diff_kv_dims(sizes: Sizes) -> st.SearchStrategy[tuple[int, int]]:
     """(K's head dim, V's head dim) of a diff-KV example, V's unlike K's."""
-    return st.sampled_from(sizes.diff_kv_dims)
+    return _sampled(sizes.diff_kv_dims)
 
 
 @dataclass(frozen=True)
@@ -285,7 +325,7 @@ def examples(draw, contracts: list[Contract], sizes: Sizes, case: st.SearchStrat
     """A case in one of `contracts` (every physical order and layer arrangement given; on a diff-KV contract at K and
     V head dims of `diff_kv_dims`), paged into a cache of `pages(needed)` pages in a shuffled, reversed or sequential
     order."""
-    contract = draw(st.sampled_from(contracts))
+    contract = draw(_sampled(tuple(contracts)))
     c = draw(case if case is not None else cases(sizes))
     head_dim_v = 0
     if contract.diff_kv:
@@ -294,7 +334,7 @@ def examples(draw, contracts: list[Contract], sizes: Sizes, case: st.SearchStrat
     num_layers, layer = draw(layers(contract))
     return Example(
         c, contract, draw(pages(c.blocks_needed())), num_layers, layer,
-        page_order=draw(st.sampled_from(PAGE_ORDERS)), page_seed=draw(st.integers(0, 2**16)), head_dim_v=head_dim_v,
+        page_order=draw(_sampled(PAGE_ORDERS)), page_seed=draw(st.integers(0, 2**16)), head_dim_v=head_dim_v,
     )
 
 

@@ -1,6 +1,7 @@
 """kvconform as another project uses it: the pytest plugin (entry point `kvconform`) runs kvconform.suites against
 the project's own subject from a throwaway project directory, with prefixed options, and stays inert otherwise."""
 
+import json
 import os
 import re
 
@@ -91,6 +92,15 @@ def test_a_correct_subject_passes_on_every_family(host):
     assert got and set(got.values()) == {"PASSED"}, out[-3000:]
     assert {r for item in got for r in FAMILIES if f"[{r}-" in item} == set(FAMILIES)
     assert (host.path / "results" / "0.33.0" / "results.jsonl").is_file()  # results land in the host project
+    # The summary's cost of each check counts the examples its result lines record, and names its phases.
+    lines = [json.loads(x) for r in FAMILIES
+             for x in (host.path / "results" / r / "results.jsonl").read_text().splitlines()]
+    for check in ("split-agrees", "bit-identity"):
+        cost = re.search(rf"^kvconform cost {check}: (\d+) examples, [\d.]+ s, [\d.]+ ms/example \((.+)\)$", out,
+                         re.M)
+        assert cost, out[-3000:]
+        assert int(cost.group(1)) == sum(x["check"] == check and x["case"] != "" for x in lines)
+        assert "draw" in cost.group(2) and "subject" in cost.group(2)
 
 
 def test_a_subject_that_unbinds_axis_0_fails_exactly_on_blocks_first_and_packed(host):

@@ -105,7 +105,7 @@ class Loop:
 
     def _limited(self, target: Target, check: str, state: Settled, body) -> Settled:
         try:
-            with costs.CLOCK.item(check), limits.time_limit(self.timeout, self._hung), alike():
+            with costs.CLOCK.item(check), self.s.sink.batched(), limits.time_limit(self.timeout, self._hung), alike():
                 body()
         except limits.ItemTimeout as e:
             raise TimedOut(self._record_timeout(str(e))) from None
@@ -134,6 +134,7 @@ class Loop:
         message = self._record_timeout(f"ran past its limit of {self.timeout:g} s and did not return within "
                                        f"{min(limits.GRACE, self.timeout):g} s more: this process is ended")
         self.s.say(f"kvconform {message}")
+        self.s.sink.flush()
         os._exit(3)
 
     def _one(self, t: Trial, check: Check, fn: CheckFn, state: Settled) -> None:
@@ -191,6 +192,7 @@ class Loop:
 
     def _end_process(self, t: Trial, outcome: Outcome) -> None:
         self._record(t, outcome)
+        self.s.sink.flush()  # the line a crashed worker's culprit is read from, before the process ends
         regressions.keep(self.s, t.target, t.check, t.example, t.extra)
         message = f"kvconform {outcome.word.value}: {outcome.diagnosis}\n{self.repro(t)}"
         print(message, file=sys.__stderr__, flush=True)

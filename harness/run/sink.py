@@ -3,7 +3,10 @@ did not happen marked stale, and the summary printed after the run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,14 +29,41 @@ class Sink:
     written: int = 0  # result lines this process wrote
     workers: dict[str, dict] = field(default_factory=dict)  # xdist worker id -> what it reported at its end
     merged: dict[str, str] = field(default_factory=dict)  # release -> what merging its lines did (controller)
+    _pending: list[results.Result] = field(default_factory=list, repr=False)  # lines of the batch open now
+    _batches: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # the watchdog thread flushes too
 
     def write(self, r: ReleaseContracts, geometry: str, check: str, sparsity: str, word: Word | str, diagnosis: str = "",
               **fields) -> None:
         """Record one result line of release `r`: where every line of a run is built."""
-        results.append(self.results_dir, results.Result(
+        line = results.stamped(results.Result(
             run=self.run, release=r.release, source=r.source, subject=self.subject_name, geometry=geometry,
-            check=check, sparsity=sparsity, outcome=word, diagnosis=diagnosis, **fields), self.worker)
-        self.written += 1
+            check=check, sparsity=sparsity, outcome=word, diagnosis=diagnosis, **fields))
+        with self._lock:
+            self._pending.append(line)
+            self.written += 1
+        if not self._batches:
+            self.flush()
+
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Lines written meanwhile go to their files together at the end (an item's: one open per file, not per
+        line). Whoever ends the process inside a batch flushes first."""
+        self._batches += 1
+        try:
+            yield
+        finally:
+            self._batches -= 1
+            if not self._batches:
+                self.flush()
+
+    def flush(self) -> None:
+        """Write the pending lines, in the order they were recorded."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if pending:
+            with costs.phase("record"):
+                results.append_all(self.results_dir, pending, self.worker)
 
     def process_report(self, device: str) -> dict:
         """This process's device, compiles, loads and result lines, as the run summary keeps them."""

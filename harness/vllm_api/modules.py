@@ -17,6 +17,7 @@ importable in the process is never shadowed: `replaying` refuses.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -33,6 +34,7 @@ _lock = threading.RLock()
 _active: list[str] = []  # the release whose stand-ins are installed (at most one)
 _origin: dict[int, tuple[Any, str, str]] = {}  # id(stand-in) -> (the stand-in, kept alive; module; name): rebind
 _built: dict[tuple, dict[str, types.ModuleType]] = {}
+_keys: dict[int, tuple[Recording, tuple]] = {}  # id(recording) -> (it, kept alive; its key in _built)
 
 
 class ReplayError(RuntimeError):
@@ -59,7 +61,11 @@ def placeholder(release: str, module: str, name: str) -> type:
 def build(recording: Recording, device: str | None = None) -> dict[str, types.ModuleType]:
     """The stand-in modules of `recording`'s release, by import path (nothing installed; built once per recording
     and device class)."""
-    key = (recording.release, recording.contracts, id(recording.api), device)
+    # A recording's key hashes all its contracts: worked out once per recording, not per replayed call.
+    known = _keys.get(id(recording))
+    if known is None:
+        known = _keys[id(recording)] = (recording, (recording.release, recording.contracts, id(recording.api)))
+    key = (*known[1], device)
     if key not in _built:
         _built[key] = _build(recording, device)
     return _built[key]
@@ -138,8 +144,13 @@ def replayed() -> str | None:
 
 def real_vllm() -> bool:
     """A real vLLM is importable in this process (its own modules, not stand-ins)."""
-    if _active:
-        return False
+    return not _active and _vllm_importable()
+
+
+@functools.cache
+def _vllm_importable() -> bool:
+    # Asked outside replay only (the stand-ins' finder would answer inside), and fixed for a process: nothing
+    # installs a vLLM into a running one. A search of sys.path, once rather than per replayed call.
     return importlib.util.find_spec("vllm") is not None
 
 
@@ -154,10 +165,10 @@ def replaying(recording: Recording, rebind: tuple[types.ModuleType, ...] = (), d
         if _active and _active[-1] != recording.release:
             raise RuntimeError(f"replaying vLLM {recording.release} while vLLM {_active[-1]}'s stand-ins are "
                                "installed: one release at a time per process")
-        if [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")] and not _active:
+        if "vllm" in sys.modules and not _active:  # a vllm.* module is never imported without its package
             raise RuntimeError("vllm modules are already imported in this process: replay stand-ins cannot be "
                                "installed beside them")
-        if not _active and importlib.util.find_spec("vllm") is not None:
+        if not _active and _vllm_importable():
             raise RuntimeError("a real vLLM is importable here: replay stand-ins never shadow it (use vLLM's own "
                                "classes; harness.vllm_api.backend_class does)")
         mods = build(recording, device)

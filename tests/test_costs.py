@@ -1,0 +1,151 @@
+"""Where a run's time goes (harness.costs), the benchmark guard over it (benchmarks/bench_suites.py), result lines
+written per item, and Triton's interpreter without its dropped overflow checks."""
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import costs, devices
+from harness.results import Word
+from harness.run.releases import ReleaseContracts
+from harness.run.sink import Sink
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_suites", ROOT / "benchmarks" / "bench_suites.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_phases_nest_and_an_item_adds_up_to_its_time():
+    clock = costs.Clock()
+    start = time.perf_counter()
+    with clock.item("bit-identity"):
+        time.sleep(0.02)  # drawing
+        clock.example()
+        with clock.phase("check"):
+            time.sleep(0.01)
+            with clock.phase("subject"):
+                time.sleep(0.03)
+            time.sleep(0.01)
+    elapsed = time.perf_counter() - start
+    report = clock.report()["bit-identity"]
+    assert report["examples"] == 1
+    assert report["subject"] == pytest.approx(0.03, abs=0.01)
+    assert report["check"] == pytest.approx(0.02, abs=0.01)  # the subject's time is not the check's too
+    assert report["draw"] == pytest.approx(0.02, abs=0.01)
+    assert sum(v for k, v in report.items() if k in costs.PHASES) == pytest.approx(elapsed, abs=0.005)
+    with clock.phase("subject"):  # outside an item nothing is charged
+        time.sleep(0.01)
+    assert clock.report()["bit-identity"] == report
+
+
+def test_reports_of_processes_add_up_and_read_per_example():
+    a = {"split-agrees": {"examples": 10, "draw": 0.05, "subject": 0.01}}
+    b = {"split-agrees": {"examples": 30, "draw": 0.15, "record": 0.04}, "oracle": {"examples": 1, "check": 0.2}}
+    merged = costs.merged([a, b])
+    assert merged["split-agrees"] == {"examples": 40, "draw": pytest.approx(0.2), "subject": 0.01, "record": 0.04}
+    ms = costs.per_example(merged["split-agrees"])
+    assert ms["total"] == pytest.approx(6.25) and ms["draw"] == pytest.approx(5.0)
+    lines = costs.lines(merged)
+    assert lines[0].startswith("cost split-agrees: 40 examples, 0.2 s, 6.25 ms/example (draw 5.00, subject 0.25, ")
+    assert lines[1].startswith("cost oracle: 1 examples")
+
+
+MEASURED = """# Measurements
+
+## 2026-12-02 — bench_suites guard: per-check cost on one H200
+
+| check | ms per example |
+|---|---|
+| split-agrees | 4.00 |
+| bit-identity | 10.0 |
+
+| other | table |
+|---|---|
+| oracle | 1.0 |
+"""
+
+
+def test_the_guard_reads_the_recorded_table_and_flags_a_check_over_its_limit():
+    bench = _bench()
+    figures = bench.recorded(MEASURED)
+    assert figures == {"split-agrees": 4.0, "bit-identity": 10.0}  # the first table under the heading only
+    assert bench.over({"split-agrees": 4.9, "bit-identity": 12.4, "oracle": 99.0}, figures) == []
+    slow = bench.over({"split-agrees": 5.1, "bit-identity": 12.4}, figures)
+    assert slow == ["split-agrees: 5.10 ms per example, 1.27 x the recorded 4.00 (limit 1.25 x)"]
+
+
+def test_the_guard_names_what_it_cannot_read():
+    bench = _bench()
+    with pytest.raises(ValueError, match="measurements.md has no heading naming 'bench_suites guard'"):
+        bench.recorded("# Measurements\n\n| split-agrees | 4 |\n")
+    with pytest.raises(ValueError, match="'fast' for split-agrees is not ms per example"):
+        bench.recorded(MEASURED.replace("| split-agrees | 4.00 |", "| split-agrees | fast |"))
+
+
+def test_the_guard_reads_the_figures_docs_measurements_records():
+    figures = _bench().recorded((ROOT / "docs" / "measurements.md").read_text())
+    assert {"split-agrees", "rejects-malformed", "bit-identity", "determinism", "oracle"} <= set(figures)
+
+
+def _sink(tmp_path: Path) -> tuple[Sink, ReleaseContracts, Path]:
+    sink = Sink(tmp_path, "run1", "run1-gw0", "subject", ())
+    r = ReleaseContracts("0.33.0", "replay", ())
+    return sink, r, tmp_path / "0.33.0" / "results.run1-gw0.jsonl"
+
+
+def test_an_items_lines_are_written_together_at_its_end_in_order(tmp_path):
+    sink, r, path = _sink(tmp_path)
+    with sink.batched():
+        for i in range(3):
+            sink.write(r, "g", "split-agrees", "none", Word.BIT_IDENTICAL, case=f"c{i}")
+        assert not path.exists()
+    assert [json.loads(x)["case"] for x in path.read_text().splitlines()] == ["c0", "c1", "c2"]
+    assert all(json.loads(x)["time"] for x in path.read_text().splitlines())  # stamped when they happened
+    sink.write(r, "*", "drift", "*", Word.BIT_IDENTICAL)  # outside an item: at once
+    assert len(path.read_text().splitlines()) == 4 and sink.written == 4
+
+
+def test_a_flush_inside_an_item_writes_what_is_pending(tmp_path):
+    # What a process about to end (a lost device, a hung item) does, so that its culprit line is on disk.
+    sink, r, path = _sink(tmp_path)
+    with sink.batched():
+        sink.write(r, "g", "bit-identity", "none", Word.SUBJECT_ERROR, "the device is unusable", case="c0")
+        sink.flush()
+        assert json.loads(path.read_text().splitlines()[-1])["case"] == "c0"
+    assert len(path.read_text().splitlines()) == 1
+
+
+def test_the_interpreter_without_its_overflow_checks_computes_the_same_values(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter's options: a CPU-only test")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import triton
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    @triton.jit
+    def wrap(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + i, mask=i < n)
+        tl.store(out_ptr + i, x * 65537 + 7, mask=i < n)  # int32 overflow: wraps
+
+    x = torch.tensor([1, 40000, -70000, 2**30, -(2**31)], dtype=torch.int32)
+    monkeypatch.setattr(interpreter.interpreter_builder, "options", interpreter.interpreter_builder.options)
+    checked = torch.empty_like(x)
+    assert interpreter.interpreter_builder.options.sanitize_overflow
+    wrap[(1,)](x, checked, x.numel(), BLOCK=8)
+    devices.unchecked_interpreter()
+    assert not interpreter.interpreter_builder.options.sanitize_overflow
+    unchecked = torch.empty_like(x)
+    wrap[(1,)](x, unchecked, x.numel(), BLOCK=8)
+    assert torch.equal(checked, unchecked)
+    assert torch.equal(unchecked, (x.long() * 65537 + 7).to(torch.int32))  # two's complement wrap
