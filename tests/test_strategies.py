@@ -278,3 +278,16 @@ def test_every_stored_regression_replays_with_its_digest_and_case():
         ex = Example.from_json(json.dumps(body["example"]))
         assert ex.digest() == path.stem.split("-")[-1] and repr(ex.case) == body["case"], path.name
         assert json.loads(ex.to_json()) == body["example"], path.name
+
+
+def test_an_example_holds_its_own_targets_contract_after_an_equal_one_of_another_release():
+    # Builders are cached per argument set; contracts of two releases compare equal (the origin is not compared), so
+    # a cached sampled_from of contracts would hand one release's examples the other's contract (and digest).
+    first = dataclasses.replace(families()[0], origin=dataclasses.replace(families()[0].origin, release="0.9.2"))
+    second = dataclasses.replace(first, origin=dataclasses.replace(first.origin, release="0.33.0"))
+    assert first == second and first.origin != second.origin
+    for contract in (first, second):
+        seen = []
+        given(ex=examples([contract], CPU))(settings(max_examples=3, database=None)(
+            lambda ex: seen.append(ex.contract.origin)))()
+        assert seen and all(o == contract.origin for o in seen)
