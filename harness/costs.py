@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 PHASES = {  # name: what it holds (in the order a kernel example meets them)
     "draw": "hypothesis and the strategies drawing the example",
@@ -25,9 +25,10 @@ PHASES = {  # name: what it holds (in the order a kernel example meets them)
 
 
 class Clock:
-    """Seconds and examples of one process, per check and phase."""
+    """Seconds (of `now`, a monotonic clock) and examples of one process, per check and phase."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self._now = now
         self.seconds: dict[tuple[str, str], float] = {}
         self.examples: dict[str, int] = {}
         self._check = ""
@@ -35,7 +36,7 @@ class Clock:
         self._since = 0.0
 
     def _charge(self) -> None:
-        now = time.perf_counter()
+        now = self._now()
         if self._check:
             key = (self._check, self._phase)
             self.seconds[key] = self.seconds.get(key, 0.0) + now - self._since
