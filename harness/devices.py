@@ -9,6 +9,7 @@ recovers, so the runner ends a poisoned test process after recording the culprit
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import re
 from pathlib import Path
@@ -48,6 +49,7 @@ def prepare_triton() -> None:
     os.environ.setdefault("TRITON_CACHE_MANAGER", MANAGER)
     if os.environ.get("TRITON_INTERPRET") == "1":
         unchecked_interpreter()
+        language_patched_once_per_launch()
 
 
 def unchecked_interpreter() -> None:
@@ -61,6 +63,45 @@ def unchecked_interpreter() -> None:
     options = getattr(builder, "options", None)
     if options is not None and getattr(options, "sanitize_overflow", False) and not options.debug:
         builder.options = dataclasses.replace(options, sanitize_overflow=False)
+
+
+def language_patched_once_per_launch() -> None:
+    """Triton's interpreter patching each language module once per launch. A launch patches triton.language for the
+    interpreter, restoring it at the launch's end; every nested @triton.jit call inside the launch (a kernel's
+    helpers, tl.max, tl.sum, tl.cdiv) patches its modules again, walking all their members with inspect. Patching a
+    module already patched in the same launch skips the builtins already replaced and sets equivalent values for the
+    rest, so the repeat is skipped: 30% of an interpreted launch, the same values computed. Left as it is where
+    the interpreter is not built this way."""
+    from triton.runtime import interpreter
+
+    patch, scope = getattr(interpreter, "_patch_lang", None), getattr(interpreter, "_LangPatchScope", None)
+    if patch is None or scope is None or not hasattr(scope, "restore") or getattr(patch, "once_per_launch", False):
+        return
+    import triton.language as tl
+
+    patched: set[int] = set()  # ids of the language modules patched since the current launch began
+    langs_of: dict[object, frozenset[int]] = {}
+    restore = scope.restore
+
+    def once(fn):
+        langs = langs_of.get(fn)
+        if langs is None:
+            langs = langs_of[fn] = frozenset(id(v) for v in fn.__globals__.values()
+                                             if inspect.ismodule(v) and v in (tl, tl.core))
+        if langs and langs <= patched:
+            return scope()
+        patching = patch(fn)
+        patched.update(langs)
+        return patching
+
+    def restoring(self) -> None:
+        if self._changes:  # a launch's own scope: nested calls' scopes are dropped unrestored, empty or not
+            patched.clear()
+        restore(self)
+
+    once.once_per_launch = True
+    interpreter._patch_lang = once
+    scope.restore = restoring
 
 
 def settle(worker: str | None, worker_count: int, starts_workers: bool) -> str:

@@ -143,3 +143,45 @@ def test_the_interpreter_without_its_overflow_checks_computes_the_same_values(mo
     wrap[(1,)](x, unchecked, x.numel(), BLOCK=8)
     assert torch.equal(checked, unchecked)
     assert torch.equal(unchecked, (x.long() * 65537 + 7).to(torch.int32))  # two's complement wrap
+
+
+
+def test_the_interpreter_patching_its_language_once_per_launch_computes_the_same_values(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter's patching: a CPU-only test")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import triton
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    @triton.jit
+    def reduce_rows(x_ptr, out_ptr, BLOCK: tl.constexpr, FAIL: tl.constexpr):
+        rows, cols = tl.arange(0, BLOCK)[:, None], tl.arange(0, BLOCK)[None, :]
+        x = tl.load(x_ptr + rows * BLOCK + cols)
+        total = tl.sum(x, axis=1) + tl.max(x, axis=1) + tl.cdiv(BLOCK, 3)  # nested jit calls
+        tl.static_assert(FAIL == 0, "planted failure")
+        tl.store(out_ptr + tl.arange(0, BLOCK), total)
+
+    patches = []
+    patch = interpreter._patch_lang
+    monkeypatch.setattr(interpreter, "_patch_lang", lambda fn: patches.append(fn) or patch(fn))
+    monkeypatch.setattr(interpreter._LangPatchScope, "restore", interpreter._LangPatchScope.restore)
+    x = torch.randn(8, 8)
+
+    def launch(fail: int = 0) -> torch.Tensor:
+        out = torch.empty(8)
+        reduce_rows[(1,)](x, out, BLOCK=8, FAIL=fail)
+        return out
+
+    every_call = launch()
+    patched_every_call, patches[:] = len(patches), []
+    devices.language_patched_once_per_launch()
+    once = launch()
+    assert torch.allclose(every_call, x.sum(1) + x.amax(1) + 3) and torch.equal(once, every_call)
+    # the launch's own patching (triton.language), then the first nested call's (triton.language.core, which
+    # triton's standard functions read); before, every nested call patched again
+    assert patched_every_call > 3 and len(patches) == 2
+    with pytest.raises(Exception, match="planted failure"):
+        launch(fail=1)
+    patches.clear()
+    assert torch.equal(launch(), once) and len(patches) == 2  # the failed launch restored its patching: redone
