@@ -8,7 +8,8 @@
     nox -s probe -- 0.32.0 0.33.0 [--check]       record (or check for drift) contracts of chosen releases
     nox -s nightly                                vLLM main from matrix.toml's [nightly] index (or KVCONFORM_NIGHTLY_INDEX)
     nox -s report                                 fold results/ into report.md, .html, .json (installs nothing)
-    nox -s bench | bench_suites | mutants
+    nox -s bench                                  the performance lane: paged / dense per geometry (CUDA)
+    nox -s bench_suites | mutants
 
 Each release's session runs on the newest python on PATH in the range matrix.toml gives the release (harness.matrix
 chooses it; `python -m harness.matrix --pythons` shows the choices); a release with none there fails its session as
@@ -262,9 +263,11 @@ def report(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Kernel timings, paged vs dense per physical order (needs CUDA)."""
+    """The performance lane (needs CUDA; give it the GPU to itself): paged / dense per geometry of the default
+    subset's releases at fixed workloads, against a noise band and the subject's known performance findings; fails
+    on a new one. Posargs go to `python -m kvconform.bench` (--subject, --release, --workload)."""
     session.install("-e", ".")
-    session.run("python", "benchmarks/bench_kernel.py", *session.posargs)
+    session.run("python", "-m", "kvconform.bench", *session.posargs)
 
 
 @nox.session

@@ -1,4 +1,6 @@
-"""Built-in kernel speed on CUDA: paged vs dense per physical order, decode and prefill, against the copy rate.
+"""Built-in kernel speed on CUDA: paged vs dense per physical order, decode and prefill, against the copy rate: the
+kernel author's view of the built-in (the six orders, its tile sweep); the performance lane (`nox -s bench`,
+harness.performance) times any subject over every geometry of the releases.
 
     python benchmarks/bench_kernel.py            # the pinned tile configs, every physical order
     python benchmarks/bench_kernel.py --sweep    # candidate tile configs and split targets (to choose the pins)
@@ -19,6 +21,7 @@ import triton
 import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout, not installed
+from harness import performance  # noqa: E402
 from harness.cache import paging, write  # noqa: E402
 from harness.cases import Case  # noqa: E402
 from harness.compare import assert_bit_identical  # noqa: E402
@@ -26,11 +29,8 @@ from harness.contract import Dims, families, views  # noqa: E402
 from harness.subjects import TileConfig, builtin  # noqa: E402
 from harness.subjects.builtin import BuiltinSubject, batch_tensors, launch, num_splits  # noqa: E402
 
-HEADS = dict(num_heads=32, kv_heads=8, head_dim=128, block_size=16)
-WORKLOADS = {
-    "decode 64x4k": Case((1,) * 64, (4096,) * 64, **HEADS),
-    "prefill 8x2k": Case((2048,) * 8, (2048,) * 8, **HEADS),
-}
+WORKLOADS = {"decode 64x4k": performance.WORKLOADS["decode 64x4k fp16"],
+             "prefill 8x2k": performance.WORKLOADS["prefill 8x2k fp16"]}  # the performance lane's
 
 
 def bench(fn, rep: int = 300) -> float:

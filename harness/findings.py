@@ -14,6 +14,20 @@ is reported as stale. Each entry:
     link = "URL or issue reference"
 
 The id of an entry is `<subject>#<n>`, n counting entries from 1 in file order.
+
+Known performance findings (the performance lane, harness.performance; never a conformance outcome) sit in the same
+file: a paged / dense ratio beyond the band and the threshold that such an entry covers is known, not new.
+
+    performance_threshold = 1.10  # optional (default harness.timings.THRESHOLD): the ratio beyond which a cell is slower
+    [[performance]]
+    releases = "*"            # as above
+    geometry = "*"            # as above
+    workload = "prefill *"    # glob over harness.performance.WORKLOADS names
+    tile = "*"                # glob over "pinned ..." / "autotuned"
+    reason = "why, one line (with the measured ratios)"
+    link = "where it was measured"
+
+Their ids are `<subject>#perf<n>`.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.results import OUTCOMES
+from harness.timings import THRESHOLD
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,6 +51,7 @@ else:  # Python 3.10 has no tomllib; tomli is the same parser (a dependency on 3
 
 DIRECTORY = Path(str(resources.files("harness") / "recorded" / "known_findings"))  # shipped as package data
 FIELDS = ("releases", "geometry", "sparsity", "check", "outcome", "reason", "link")
+PERFORMANCE_FIELDS = ("releases", "geometry", "workload", "tile", "reason", "link")
 
 
 class FindingsError(ValueError):
@@ -73,31 +89,84 @@ def _release_in(release: str, spec: str) -> bool:
     return Version(release) in SpecifierSet(spec, prereleases=True)
 
 
-def load(subject: str, directory: Path = DIRECTORY) -> tuple[Finding, ...]:
-    """The known findings of `subject`; none when it has no file. A malformed file raises FindingsError."""
+@dataclass(frozen=True)
+class SlowFinding:
+    """One known performance finding: where it applies (release range, geometry, workload, tile)."""
+
+    id: str
+    releases: str
+    geometry: str
+    workload: str
+    tile: str
+    reason: str
+    link: str
+
+    def applies(self, release: str, geometry: str, workload: str, tile: str) -> bool:
+        """The finding speaks about this cell, whatever its ratio."""
+        return (_release_in(release, self.releases) and fnmatchcase(geometry, self.geometry)
+                and fnmatchcase(workload, self.workload) and fnmatchcase(tile, self.tile))
+
+
+@dataclass(frozen=True)
+class KnownPerformance:
+    """A subject's performance threshold and known performance findings."""
+
+    threshold: float
+    findings: tuple[SlowFinding, ...]
+
+    def known(self, release: str, geometry: str, workload: str, tile: str) -> SlowFinding | None:
+        """The first known performance finding covering this cell, or None."""
+        return next((f for f in self.findings if f.applies(release, geometry, workload, tile)), None)
+
+
+def _table(subject: str, directory: Path) -> tuple[Path, dict]:
     path = directory / f"{subject}.toml"
     if not path.exists():
-        return ()
+        return path, {}
     try:
-        entries = tomllib.loads(path.read_text()).get("finding", [])
+        return path, tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise FindingsError(f"{path}: not valid TOML: {e}") from e
+
+
+def _entries(path: Path, table: dict, kind: str, fields: tuple[str, ...]) -> list[dict]:
     out = []
-    for n, entry in enumerate(entries, 1):
-        where = f"{path} finding {n}"
-        if set(entry) != set(FIELDS):
-            raise FindingsError(f"{where}: keys {sorted(entry)}, expected exactly {sorted(FIELDS)}")
-        if not all(isinstance(entry[k], str) for k in FIELDS):
+    for n, entry in enumerate(table.get(kind, []), 1):
+        where = f"{path} {kind} {n}"
+        if set(entry) != set(fields):
+            raise FindingsError(f"{where}: keys {sorted(entry)}, expected exactly {sorted(fields)}")
+        if not all(isinstance(entry[k], str) for k in fields):
             raise FindingsError(f"{where}: every value must be a string, got {entry}")
-        if entry["outcome"] not in OUTCOMES:
-            raise FindingsError(f"{where}: outcome {entry['outcome']!r} is not one of {OUTCOMES}")
         if entry["releases"] not in ("*", "main"):
             try:
                 SpecifierSet(entry["releases"])
             except InvalidSpecifier as e:
                 raise FindingsError(f"{where}: releases {entry['releases']!r} is not a PEP 440 specifier") from e
+        out.append(entry)
+    return out
+
+
+def load(subject: str, directory: Path = DIRECTORY) -> tuple[Finding, ...]:
+    """The known findings of `subject`; none when it has no file. A malformed file raises FindingsError."""
+    path, table = _table(subject, directory)
+    out = []
+    for n, entry in enumerate(_entries(path, table, "finding", FIELDS), 1):
+        if entry["outcome"] not in OUTCOMES:
+            raise FindingsError(f"{path} finding {n}: outcome {entry['outcome']!r} is not one of {OUTCOMES}")
         out.append(Finding(id=f"{subject}#{n}", **entry))
     return tuple(out)
+
+
+def load_performance(subject: str, directory: Path = DIRECTORY) -> KnownPerformance:
+    """The performance threshold (`performance_threshold`, else harness.timings.THRESHOLD) and known performance
+    findings of `subject`. A malformed file raises FindingsError."""
+    path, table = _table(subject, directory)
+    threshold = table.get("performance_threshold", THRESHOLD)
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold < 1.0:
+        raise FindingsError(f"{path}: performance_threshold {threshold!r} is not a ratio >= 1.0")
+    entries = _entries(path, table, "performance", PERFORMANCE_FIELDS)
+    return KnownPerformance(float(threshold), tuple(SlowFinding(id=f"{subject}#perf{n}", **e)
+                                                    for n, e in enumerate(entries, 1)))
 
 
 def match(findings: tuple[Finding, ...], release: str, geometry: str, sparsity: str, check: str,

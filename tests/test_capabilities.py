@@ -174,8 +174,9 @@ def test_kvconforms_own_subjects_are_a_module_class_the_core_loads_in_any_proces
     assert spec("mutant:gqa_mapping") == "kvconform.subjects.mutants:gqa_mapping"
     assert spec("builtin") == "builtin" and spec("mypkg.attention:Reader") == "mypkg.attention:Reader"
     assert own("builtin") and own("modelopt") and own("mutant:gqa_mapping") and not own("mypkg.attention:Reader")
-    with pytest.raises(ValueError, match=re.escape("unknown subject 'nope'; known: ['builtin', 'modelopt'], "
-                                                   "mutant:<name> or module:Class")):
+    assert spec("contiguous-views") == "kvconform.subjects.slow:ContiguousViews" and own("contiguous-views")
+    with pytest.raises(ValueError, match=re.escape("unknown subject 'nope'; known: ['builtin', 'contiguous-views', "
+                                                   "'modelopt'], mutant:<name> or module:Class")):
         spec("nope")
     with pytest.raises(ValueError, match="unknown mutant 'nope'; known: "):
         spec("mutant:nope")

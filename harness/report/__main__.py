@@ -11,7 +11,10 @@ changed since OLD (harness.report.changes) when anything did, the new findings g
 lines, the failures only one release, backend or cache dtype has (harness.report.lone_failures), then per subject a
 release x check and a release x cache dtype matrix whose cells read passed/total (harness.report.cells); every outcome
 word with its count comes after, under Details. Outcome words are never folded together, and an outcome a known
-finding predicted is marked `[known]` (see docs/report.md).
+finding predicted is marked `[known]` (see docs/report.md). The performance lane's lines
+(results/<release>/performance.jsonl, harness.timings: all of them, whatever --run names; each release's file holds
+the last bench of each subject) are shown beside the conformance cells and in a section of their own; they never
+change the verdict.
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from harness.report.fold import report_data, runs
 from harness.report.html import report_html
 from harness.report.markdown import report_md
 from harness.results import read
+from harness.timings import read as read_timings
 from harness.words import count
 
 
 def main(argv: list[str]) -> int:
-    """Write report.md, report.html and report.json; the exit status (1: no results, 2: a line, report, recording
-    or --run it cannot read)."""
+    """Write report.md, report.html and report.json; the exit status (1: no results, 2: a result or performance line,
+    report, recording or --run it cannot read)."""
     parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
     parser.add_argument("--out", type=Path, default=None)
@@ -49,8 +53,9 @@ def main(argv: list[str]) -> int:
             raise ValueError(f"--run {', '.join(unknown)}: no such run under {args.results}; its runs: "
                              + ", ".join(known))
         chosen = set(args.run or known)
-        data = report_data([r for r in rows if r.run in chosen], args.since, [r for r in rows if r.run not in chosen])
-    except ValueError as e:  # a line, report or recording this kvconform cannot read (it names the file), or a --run
+        data = report_data([r for r in rows if r.run in chosen], args.since, [r for r in rows if r.run not in chosen],
+                           timings=read_timings(args.results))
+    except ValueError as e:  # a result or performance line, report or recording it cannot read (named), or a --run
         print(f"python -m harness.report: {e}", file=sys.stderr)
         return 2
     out = args.out or args.results

@@ -1,6 +1,7 @@
 """What a report cell says about the result lines in it: passed / total, coloured by that fraction, with every other
 word counted beside it under its mark; and the outcome class of a word (pass, known, fail, error, not run), the unit
-that runs are compared in.
+that runs are compared in; and the mark of a performance line's word (harness.timings), which the report shows beside
+the conformance cells but never counts among them.
 
 A cell's words are the stored outcome words, a known finding's with ` [known]` after it; they are never folded into
 one another: marks group words only for their glyph, the counts stay per word.
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from harness import checks
+from harness import checks, timings
 from harness.results import PASSING, STALE
 
 # Worst first: what a reader must see before anything else in a cell.
@@ -55,6 +56,14 @@ _MARK_OF = {**dict.fromkeys(ERRORS, ERROR), **dict.fromkeys(FAILURES, FAIL), "un
             **dict.fromkeys(PASSING, PASS)}
 KNOWN_SUFFIX = " [known]"
 
+# A performance line's words, worst first: a new finding (what fails `nox -s bench`) before a known one, a stale known
+# finding before a cell within its limit. A not-timed cell never passes: new, it is red like a slower one.
+NOT_TIMED = Mark("–", "not-timed", "could not be timed (the conformance checks say why)", red=True)
+PERFORMANCE_SEVERITY = (timings.SLOWER, timings.NOT_TIMED, timings.SLOWER + KNOWN_SUFFIX,
+                        timings.NOT_TIMED + KNOWN_SUFFIX, timings.STALE, timings.WITHIN)
+_PERFORMANCE_MARK = {timings.SLOWER: FAIL, timings.NOT_TIMED: NOT_TIMED, timings.STALE: STALE_MARK,
+                     timings.WITHIN: PASS}
+
 
 def word(outcome: str, known: str) -> str:
     """A line's word in a cell: its outcome, marked ` [known]` when a known finding predicted it."""
@@ -69,6 +78,23 @@ def rank(w: str) -> tuple[int, str]:
 
 def mark(w: str) -> Mark:
     return KNOWN if w.endswith(KNOWN_SUFFIX) else _MARK_OF[w]
+
+
+def performance_word(outcome: str, known: str) -> str:
+    """A performance line's word: marked ` [known]` when a known finding predicted it (only a slower or not-timed cell
+    can be predicted; a known finding whose cells were within is a stale line of its own)."""
+    return word(outcome, known) if outcome in (timings.SLOWER, timings.NOT_TIMED) else outcome
+
+
+def performance_rank(w: str) -> tuple[int, str]:
+    """Where a performance word sorts: worst first (PERFORMANCE_SEVERITY)."""
+    return (PERFORMANCE_SEVERITY.index(w), w)
+
+
+def performance_mark(w: str) -> Mark:
+    """The mark of a performance word: ✓ within, ✗ slower, – not timed, ◆ either as a known finding predicted,
+    ◌ stale."""
+    return KNOWN if w.endswith(KNOWN_SUFFIX) else _PERFORMANCE_MARK[w]
 
 
 def says(check: str, w: str) -> str:

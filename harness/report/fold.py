@@ -1,6 +1,7 @@
 """The report as data: every result line folded into what report.json holds (the runs folded, per subject the
 release x geometry, release x check and release x cache dtype word counts, the drill-down rows, each key's outcome
-class, the lists to act on, the verdict) and, given a previous report.json, what changed since it.
+class, the lists to act on, the verdict) and, given a previous report.json, what changed since it; beside them, the
+performance lane's lines (harness.timings), which never change the verdict.
 
 Outcome words are never folded together: a known finding's keeps ` [known]` after it (harness.report.cells).
 """
@@ -18,6 +19,7 @@ from harness.matrix import version_key
 from harness.report import cells, changes, keys
 from harness.report.lone_failures import BACKEND, CACHE_DTYPE, RELEASE, lone_failures
 from harness.results import STALE, Result
+from harness.timings import SLOWER, WITHIN, Timing
 from harness.words import count
 
 # Checks in their declared order (harness.checks): could a release be installed and read, the layout, the kernels.
@@ -52,13 +54,14 @@ def run_text(data: dict, r: dict) -> str:
 
 
 def report_data(rows: list[Result], since: Path | None = None, left_out: Iterable[Result] = (),
-                recordings: Path = api_history.ROOT) -> dict:
+                recordings: Path = api_history.ROOT, timings: Iterable[Timing] = ()) -> dict:
     """The report as data: the runs folded, per subject a release x geometry, a release x check and a release x cache
     dtype matrix of word counts, the drill-down rows (subject, release, check, geometry, backends, cache dtype), each
     key's outcome class, the lists to act on, and, given the previous report.json `since`, what changed since it (a
     ValueError naming the file when it cannot be read or is not one). `left_out`: the lines of runs not folded (not
     named by --run), listed as such. `recordings`: where the layout API changes of the releases are read from
-    (harness.api_history; a ValueError naming a recording that is not JSON)."""
+    (harness.api_history; a ValueError naming a recording that is not JSON). `timings`: the performance lane's lines
+    (harness.timings.read), report.json's `performance` (see `performance`); they never change the verdict."""
     def table() -> dict[str, dict[str, dict[str, Counter]]]:  # subject -> release -> column -> word counts
         return defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
 
@@ -136,10 +139,57 @@ def report_data(rows: list[Result], since: Path | None = None, left_out: Iterabl
                             "said": {k: t for k in api_history.KINDS if (t := api_history.said(s, k))},
                             "changes": _as_json([asdict(c) for c in s.changes])}
                            for s in api_history.history(recordings, releases) if s.changes]
-    data["verdict"] = verdict(data)
+    data["performance"] = performance(timings)
+    data["verdict"] = verdict(data)  # the conformance lines' only: a performance finding fails `nox -s bench` instead
     if since is not None:
         data["changes"] = _as_json(asdict(changes.compare(changes.load(since), data, since)))
     return data
+
+
+def performance(lines: Iterable[Timing]) -> dict:
+    """The performance lane's lines as report.json's `performance`: per subject, per release (in release order) the
+    word counts of its lines (`counts`, worst first), its worst cell (`worst`: the timed one with the largest paged /
+    dense ratio, None when none was timed), one row per (workload, tile) in the order the lane wrote them (`rows`: its
+    counts, how many new findings, its worst cell, else its worst line), and its new and its stale performance
+    findings (`new_findings`, `stale_findings`: the full lines)."""
+    by: dict[str, dict[str, list[Timing]]] = defaultdict(lambda: defaultdict(list))
+    for t in lines:
+        by[t.subject][t.release].append(t)
+    return _as_json({s: {rel: _bench(by[s][rel]) for rel in sorted(by[s], key=version_key)} for s in sorted(by)})
+
+
+def _bench(lines: list[Timing]) -> dict:
+    """One subject's performance lines of one release, as `performance` holds them."""
+    rows: dict[tuple[str, str], list[Timing]] = defaultdict(list)
+    for t in lines:
+        if t.outcome != STALE:  # a stale line is a known finding's, no cell's: listed apart
+            rows[(t.workload, t.tile)].append(t)
+    worst = _worst(lines)
+    return {"counts": _bench_counts(lines), "worst": _bench_cell(worst) if worst else None,
+            "rows": [{"workload": w, "tile": tile, "counts": _bench_counts(ts),
+                      "new_findings": sum(t.new_finding for t in ts),
+                      "worst": _bench_cell(_worst(ts) or min(ts, key=lambda t: cells.performance_rank(_word(t))))}
+                     for (w, tile), ts in rows.items()],
+            "new_findings": [asdict(t) for t in lines if t.new_finding],
+            "stale_findings": [asdict(t) for t in lines if t.outcome == STALE]}
+
+
+def _word(t: Timing) -> str:
+    return cells.performance_word(t.outcome, t.known)
+
+
+def _worst(lines: list[Timing]) -> Timing | None:
+    """The timed line with the largest paged / dense ratio (a not-timed or stale line has no ratio)."""
+    return max((t for t in lines if t.outcome in (WITHIN, SLOWER)), key=lambda t: t.ratio, default=None)
+
+
+def _bench_counts(lines: list[Timing]) -> dict[str, int]:
+    return dict(sorted(Counter(map(_word, lines)).items(), key=lambda kv: cells.performance_rank(kv[0])))
+
+
+def _bench_cell(t: Timing) -> dict:
+    return {"ratio": t.ratio, "geometry": t.geometry, "workload": t.workload, "tile": t.tile, "outcome": t.outcome,
+            "known": t.known, "band": t.band, "limit": t.limit, "roofline": t.roofline, "diagnosis": t.diagnosis}
 
 
 def runs(rows: list[Result], totals: dict[tuple[str, str], int] | None = None) -> list[dict]:
@@ -159,7 +209,8 @@ def runs(rows: list[Result], totals: dict[tuple[str, str], int] | None = None) -
                  "releases": {rel: releases[rel] for rel in sorted(releases, key=version_key)},
                  "checks": sorted({r.check for r in rs}, key=check_key)}
         if totals is not None:
-            entry["of"] = sum(totals[(s, rel)] for s in entry["subjects"] for rel in releases)
+            # .get: a run of several subjects need not have lines of each of them in each of its releases
+            entry["of"] = sum(totals.get((s, rel), 0) for s in entry["subjects"] for rel in releases)
             entry["partial"] = entry["of"] > len(rs)
         out.append(entry)
     return sorted(out, key=lambda e: (e["first"], e["run"]))

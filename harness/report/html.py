@@ -42,6 +42,7 @@ td.c{cursor:pointer}td.c.dim{opacity:.25}td.c:hover{outline:2px solid #333}
 .unsupported{background:#d7d7d7;color:#333}.not-run{background:#e4e4e4;color:#444}
 .skipped{background:#f0f0f0;color:#777}.not-applicable{background:#fff;color:#999}
 .stale{background:#ffe082;color:#5d4000}.pass{background:#c8e6c9;color:#1b5e20}
+.not-timed{background:#e53935;color:#fff}.bench-verdict{color:#c62828;font-weight:600;margin:6px 0}
 td.red{background:#e53935;color:#fff}td.red .m{border:1px solid #fff}
 .filters{position:sticky;top:0;background:#fff;padding:6px 0;border-bottom:1px solid #ddd;z-index:1}
 .filters label{margin-right:10px;font-size:12px}
@@ -130,6 +131,33 @@ def _cell(counts: dict[str, int], check: str, where: dict[str, str]) -> str:
             + "".join(" " + _html_mark(m, n) for m, n in c.beside) + "</td>")
 
 
+def _bench_cell(b: sections.Bench | None) -> str:
+    """A paged / dense cell: the worst ratio and its mark, the other marks beside it, red with a new performance
+    finding; every word in its hover title. Not clickable: its lines are no drill-down row."""
+    if b is None:
+        return '<td class="none">·</td>'
+    return (f'<td class="cell bench {b.tone}" title="{_h(b.words)}"><b>{_h(b.face)}</b>'
+            + "".join(" " + _html_mark(m, n) for m, n in b.beside) + "</td>")
+
+
+def _bench_section(data: dict) -> str:
+    """The Performance section, as the markdown's: per subject its rows, the new findings first; then the stale
+    known ones."""
+    if not data["performance"]:
+        return ""
+    out = [f'<h2>{_h(sections.BENCH_TITLE)}</h2><p class="legend">{_h(sections.BENCH_NOTE)}</p>']
+    for n, subject in enumerate(data["performance"]):
+        out.append(f'<h3>{_h(subject)}</h3><table id="p{n}"><tr>'
+                   + "".join(f"<th>{_h(h)}</th>" for h in sections.BENCH_HEAD) + "</tr>")
+        out += ["<tr>" + "".join(f'<td class="words">{_h(t)}</td>' for t in row.texts[:3]) + _bench_cell(row.cell)
+                + "".join(f'<td class="words">{_h(t)}</td>' for t in row.texts[4:]) + "</tr>"
+                for row in sections.bench_rows(data, subject)]
+        out.append("</table>")
+    out.append(f"<h3>{_h(sections.BENCH_STALE)}</h3><ul>"
+               + ("".join(f"<li>{_h(x)}</li>" for x in sections.bench_stale(data)) or "<li>none</li>") + "</ul>")
+    return "".join(out)
+
+
 def _group(data: dict, g: sections.Group) -> str:
     m = cells.mark(g.outcome)
     more = (f"<p>+{len(g.repros) - sections.REPROS_SHOWN:,} more REPRO lines (report.json <code>new_findings</code>)"
@@ -209,6 +237,8 @@ def report_html(data: dict) -> str:
     out = [f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"/><title>kvconform: {_h(data["verdict"])}'
            f"</title><style>{_CSS}</style></head><body>", "<h1>kvconform conformance report</h1>",
            f'<p class="verdict {"red" if red else "green"}">{_h(data["verdict"])}</p>']
+    if said := sections.bench_verdict(data):
+        out.append(f'<p class="bench-verdict">{_h(said)}</p>')
     for subject in sorted(data["checks"]):
         c = cells.cell(sections.totals(data, subject))
         out.append(f'<p class="totals">{_h(subject)}: <b>{c.passed:,}/{c.total:,} passed</b> — '
@@ -229,16 +259,19 @@ def report_html(data: dict) -> str:
     out.append(f'<h2>Where: release × check</h2><p class="legend">{_h(sections.LEGEND)} Click a cell for its rows. '
                + " ".join(f'<span class="m {m.name}">{m.glyph}</span>&#160;{m.name} ({_h(m.meaning)})'
                           for m in MARKS) + "</p>")
+    if data["performance"]:
+        out.append(f'<p class="legend">{_h(sections.BENCH_LEGEND)}</p>')
     out.append(_filters(data))
     for n, subject in enumerate(sorted(data["checks"])):
-        columns = sections.columns(data, subject)
+        columns, bench = sections.columns(data, subject), sections.benched(data, subject)
         out.append(f'<section class="subject" data-subject="{_h(subject)}"><h3>{_h(subject)}</h3>'
                    f'<table id="m{n}"><tr><th>release</th><th>contracts from</th>'
-                   + "".join(f"<th>{_h(c)}</th>" for c in columns) + "</tr>")
+                   + "".join(f"<th>{_h(c)}</th>" for c in columns)
+                   + (f"<th>{_h(sections.BENCH_COLUMN)}</th>" if bench else "") + "</tr>")
         for release in releases:
             cs = data["checks"][subject].get(release, {})
             tds = [_cell(cs.get(check, {}), check, {"subject": subject, "release": release, "check": check})
-                   for check in columns]
+                   for check in columns] + ([_bench_cell(sections.bench_cell(data, subject, release))] if bench else [])
             out.append(f'<tr><td class="rel">{_h(release)}</td><td class="src">'
                        f"{_h(sections.source(data, subject, release))}</td>" + "".join(tds) + "</tr>")
         out.append("</table>")
@@ -252,7 +285,7 @@ def report_html(data: dict) -> str:
                     + "</tr>")
             out.append("</table>")
         out.append("</section>")
-    out.append(_rows(data))
+    out += [_rows(data), _bench_section(data)]
     if data["api_changes"]:
         out.append(f'<h2>{_h(sections.API_TITLE)}</h2><p class="legend">{_h(sections.API_NOTE)}</p><ul id="api">'
                    + "".join(f"<li><b>{_h(a['release'])}</b> (against {_h(a['before'])}): "

@@ -20,6 +20,33 @@ def md_cell(counts: dict[str, int]) -> str:
     return " ".join([face, *(_md_mark(m, n) for m, n in c.beside)])
 
 
+def _md_bench_cell(b: sections.Bench | None) -> str:
+    """A paged / dense cell as markdown: the worst ratio and its mark (bold with a new performance finding), the
+    marks of the other words beside it."""
+    if b is None:
+        return "·"
+    return " ".join([f"**{b.face}**" if b.red else b.face, *(_md_mark(m, n) for m, n in b.beside)])
+
+
+def md_bench(data: dict, subject: str, release: str) -> str:
+    """A subject's paged / dense cell of one release as markdown (`·`: not benched)."""
+    return _md_bench_cell(sections.bench_cell(data, subject, release))
+
+
+def _md_bench(data: dict) -> list[str]:
+    """The Performance section: per subject its rows, the new findings first; then the stale known ones."""
+    if not data["performance"]:
+        return []
+    lines = ["", f"## {sections.BENCH_TITLE}", "", sections.BENCH_NOTE]
+    for subject in data["performance"]:
+        lines += ["", f"### {subject}", "", "| " + " | ".join(sections.BENCH_HEAD) + " |",
+                  "|---" * len(sections.BENCH_HEAD) + "|"]
+        lines += ["| " + " | ".join([*row.texts[:3], _md_bench_cell(row.cell), *row.texts[4:]]) + " |"
+                  for row in sections.bench_rows(data, subject)]
+    lines += ["", f"### {sections.BENCH_STALE}", ""]
+    return lines + ([f"- {x}" for x in sections.bench_stale(data)] or ["none"])
+
+
 def _md_group(data: dict, g: sections.Group) -> list[str]:
     lines = [f"- **{cells.mark(g.outcome).glyph} {g.word}** · {sections.headline(data, g)}  ",
              f"  {g.diagnosis}"]
@@ -60,9 +87,12 @@ def _summary(data: dict, subject: str) -> tuple[str, list[tuple[Mark, int]]]:
 
 
 def report_md(data: dict) -> str:
-    """report.md: the verdict, the runs, what changed, what broke, where, and every word under Details."""
+    """report.md: the verdict, the runs, what changed, what broke, where, the performance lane's findings, and every
+    word under Details."""
     releases, kinds = data["releases"], sections.groups(data)
     lines = ["# kvconform conformance report", "", f"**{data['verdict']}**", ""]
+    if said := sections.bench_verdict(data):
+        lines += [said, ""]
     for subject in sorted(data["checks"]):
         passed, others = _summary(data, subject)
         lines.append(f"- {subject}: {passed} — " + " · ".join(f"{_md_mark(m, n)} {m.name}" for m, n in others))
@@ -89,15 +119,19 @@ def report_md(data: dict) -> str:
         lines += _md_section(s, "##")
     lines += ["", "## Where: release × check", "", sections.LEGEND + " " + " · ".join(
         f"{_md_mark(m)} {m.name} ({m.meaning})" for m in MARKS) + "."]
+    lines += ["", sections.BENCH_LEGEND] if data["performance"] else []
     for subject in sorted(data["checks"]):
-        cols = sections.columns(data, subject)
+        cols, bench = sections.columns(data, subject), sections.benched(data, subject)
         lines += ["", f"### {subject}", "", "| release | contracts from | " + " | ".join(cols)
-                  + " |", "|---|---|" + "---|" * len(cols)]
+                  + (f" | {sections.BENCH_COLUMN}" if bench else "") + " |",
+                  "|---|---|" + "---|" * (len(cols) + bench)]
         for release in releases:
             cs = data["checks"][subject].get(release, {})
             lines.append(f"| {release} | {sections.source(data, subject, release)} | "
-                         + " | ".join(md_cell(cs.get(check, {})) for check in cols) + " |")
+                         + " | ".join([*(md_cell(cs.get(check, {})) for check in cols),
+                                       *([md_bench(data, subject, release)] if bench else [])]) + " |")
         lines += _md_dtypes(data, subject)
+    lines += _md_bench(data)
     if data["api_changes"]:
         lines += ["", f"## {sections.API_TITLE}", "", sections.API_NOTE, ""]
         lines += [f"- **{a['release']}** (against {a['before']}): "

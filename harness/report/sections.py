@@ -1,6 +1,7 @@
 """What the report's sections say, the same in report.md and report.html: the new findings by kind, what changed
 since the previous report, the failures only one release, backend or cache dtype has, the runs folded, the known,
-stale and unsupported findings, the backends, and the words a matrix's columns, rows and cells are read by.
+stale and unsupported findings, the backends, the words a matrix's columns, rows and cells are read by, and the
+performance lane's column, section and line under the verdict.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from harness.matrix import version_key
 from harness.report import cells, lone_failures
-from harness.report.cells import says
+from harness.report.cells import Mark, says
 from harness.report.fold import check_key, span
+from harness.timings import SLOWER, WITHIN
 from harness.words import count
 
 LEGEND = ("A cell reads passed/total result lines (every line in the cell, whatever its word), coloured by that "
@@ -24,6 +27,19 @@ API_TITLE = "Layout API changes: what a consumer can call"
 API_NOTE = ("Against the recorded release before each release here: names of vLLM's layout modules and backend members "
             "that appeared, disappeared or changed signature or value (every release's: docs/releases.md).")
 RUNS_HEAD = ("run", "subject", "contracts from", "releases", "lines", "checks", "written")
+BENCH_COLUMN = "paged / dense (bench)"
+BENCH_TITLE = "Performance (nox -s bench: paged / dense)"
+BENCH_LEGEND = (f"{BENCH_COLUMN}: the worst paged / dense ratio of the release's timed cells (the performance "
+                "lane, `nox -s bench`; never a conformance outcome, never the verdict's): ✓ within its limit, "
+                "max(threshold, 1 + band); ✗ slower: a new performance finding; – not timed: a new finding too; "
+                "◆ slower or not timed as a known performance finding predicts; ◌ a known performance finding that "
+                "did not happen; the marks of its other cells beside it; · not benched.")
+BENCH_NOTE = ("One row per release, workload and tile: the worst paged / dense ratio of its geometries (median over "
+              "median, both over the same tokens), that geometry, the limit (max(threshold, 1 + band): the band is "
+              "how far repeated dense runs spread), the roofline and every word with its count; the rows with a new "
+              "finding (what fails `nox -s bench`) first. Not a conformance outcome: the verdict never counts them.")
+BENCH_HEAD = ("release", "workload", "tile", "paged / dense", "geometry", "limit", "roofline", "words")
+BENCH_STALE = "Stale known performance findings (applied, did not happen: remove or narrow them)"
 RUNS_NOTE = ("partial: the lines of its releases come from more than one run (a narrower run re-checked some items, "
              "an earlier run's other lines stay); `python -m harness.report --run ID` folds only the runs named.")
 
@@ -236,3 +252,103 @@ def where(data: dict, geometries: tuple[str, ...]) -> str:
         return ", ".join(label(g) for g in geometries)
     families = Counter(family(data, g) for g in geometries)
     return f"{len(geometries)} geometries (" + ", ".join(f"{f} {n}" for f, n in families.items()) + ")"
+
+
+def bench_releases(data: dict) -> list[str]:
+    """Every release with performance lines, in release order (a release may be benched and not checked)."""
+    return sorted({rel for by in data["performance"].values() for rel in by}, key=version_key)
+
+
+def benched(data: dict, subject: str) -> bool:
+    """Whether a subject has performance lines: its release x check matrix has the paged / dense column."""
+    return subject in data["performance"]
+
+
+def bench_new(data: dict) -> int:
+    """How many new performance findings (slower or not timed, no known finding predicts it) there are."""
+    return sum(len(e["new_findings"]) for by in data["performance"].values() for e in by.values())
+
+
+def bench_verdict(data: dict) -> str:
+    """The line under the verdict when there are new performance findings (else empty): the verdict never counts
+    them."""
+    if not (n := bench_new(data)):
+        return ""
+    return f"Performance: {count(n, 'new finding')} (nox -s bench fails on them; not a conformance outcome)"
+
+
+def bench_words(counts: dict[str, int]) -> str:
+    """Every performance word of some lines with its count, as report.json keeps them (worst first)."""
+    return " · ".join(f"{w} {n:,}" for w, n in counts.items())
+
+
+def _timed(cell: dict | None) -> bool:
+    return cell is not None and cell["outcome"] in (WITHIN, SLOWER)
+
+
+@dataclass(frozen=True)
+class Bench:
+    """A paged / dense cell (a release's in the release x check matrix, a row's in the Performance section): the
+    worst ratio with its mark (`1.28x ◆`; nothing timed: the worst mark and its count), red with any new performance
+    finding among its lines, the marks of its other words beside it (a new finding is never hidden behind a known
+    one's larger ratio), and every word with its count (the HTML's hover title)."""
+
+    face: str
+    red: bool
+    tone: str  # its HTML colour class: red, else its face's mark's
+    beside: tuple[tuple[Mark, int], ...]
+    words: str
+
+
+def _bench_cell(counts: dict[str, int], worst: dict | None, new: int) -> Bench:
+    marks: Counter = Counter()
+    for w, n in counts.items():  # worst first: so are the marks
+        marks[cells.performance_mark(w)] += n
+    if _timed(worst):
+        face = cells.performance_mark(cells.performance_word(worst["outcome"], worst["known"]))
+        text = f"{worst['ratio']:.2f}x {face.glyph}"
+    else:
+        face = next(iter(marks))
+        text = f"{face.glyph}{marks[face]:,}"
+    beside = tuple((m, n) for m, n in marks.items() if m is not face and m is not cells.PASS)
+    return Bench(text, bool(new), "red" if new else face.name, beside, bench_words(counts))
+
+
+def bench_cell(data: dict, subject: str, release: str) -> Bench | None:
+    """A subject's paged / dense cell of one release (None: not benched)."""
+    entry = data["performance"].get(subject, {}).get(release)
+    return None if entry is None else _bench_cell(entry["counts"], entry["worst"], len(entry["new_findings"]))
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """A row of the Performance section: BENCH_HEAD's texts, its paged / dense one as a cell."""
+
+    texts: tuple[str, ...]
+    cell: Bench
+
+
+def bench_rows(data: dict, subject: str) -> list[BenchRow]:
+    """A subject's rows of the Performance section, one per release, workload and tile: those with a new finding
+    first, then in release order, each release's in the order the lane wrote them. Geometry, limit and roofline are
+    its worst timed cell's (nothing timed: its worst line's geometry)."""
+    out = []
+    for rel, entry in data["performance"][subject].items():
+        for r in entry["rows"]:
+            w, cell = r["worst"], _bench_cell(r["counts"], r["worst"], r["new_findings"])
+            limit, roofline = (f"{w['limit']:.2f}x", w["roofline"] or "·") if _timed(w) else ("·", "·")
+            out.append(BenchRow((rel, r["workload"], r["tile"], cell.face, w["geometry"], limit, roofline,
+                                 bench_words(r["counts"])), cell))
+    return sorted(out, key=lambda row: not row.cell.red)  # stable: release order kept within each half
+
+
+def bench_stale(data: dict) -> list[str]:
+    """Stale known performance findings, one line per finding and where its lines say it applied, with their
+    releases."""
+    by: dict[tuple[str, str, str, str], list[str]] = defaultdict(list)
+    for subject in sorted(data["performance"]):
+        for rel, entry in data["performance"][subject].items():
+            for t in entry["stale_findings"]:
+                by[(t["known"], t["workload"], t["tile"], t["geometry"])].append(rel)
+    return [f"{k}: workload {w}, tile {t}, geometry {g} on {span(rs, bench_releases(data))}"
+            for (k, w, t, g), rs in by.items()]

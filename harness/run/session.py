@@ -57,9 +57,7 @@ class Session:
     def selects(self, c: Contract) -> bool:
         """Whether the session checks contract `c`: its backend and cache dtype were asked for, and the subject
         serves that backend (a subject's optional `backends`: a plugin of one backend meets no other's caches)."""
-        served = getattr(self.subject, "backends", None)
-        return ((not self.backends or c.origin.backend_name in self.backends)
-                and (served is None or c.origin.backend_name in served)
+        return ((not self.backends or c.origin.backend_name in self.backends) and serves(self.subject, c)
                 and (not self.cache_dtypes or c.cache_dtype in self.cache_dtypes))
 
     @property
@@ -105,6 +103,13 @@ def run_seed(run: str) -> int:
     if settings.default.derandomize:
         return 0
     return int(hashlib.sha1(run.encode()).hexdigest()[:8], 16)
+
+
+def serves(subject: object, c: Contract) -> bool:
+    """Whether a layer of contract `c` can reach `subject`: every backend's can, unless the subject names the backends
+    it serves (`backends`: a plugin of one backend meets no other's caches)."""
+    served = getattr(subject, "backends", None)
+    return served is None or c.origin.backend_name in served
 
 
 def layer_of(r: ReleaseContracts, contract: Contract, dims: Dims, dtype: torch.dtype) -> Layer:

@@ -14,7 +14,9 @@ Both forwards take q [total_q, num_heads, D] and return the output in the same s
 from the case. Bit-identity between the two is only meaningful with a pinned tile config for both calls; unpinned
 (`tile` None, each call tuned for itself) they agree within a rounding bound (conformance/test_ulp_autotuned.py).
 A subject declares its sparsity semantics (`SparsitySemantics`) where subjects legitimately differ; the oracle
-(harness.reference) judges each subject by its own.
+(harness.reference) judges each subject by its own. A kernel may also offer `paged_launch` and `dense_launch`: the
+forward's checks done once, returning a call that only launches, which the performance lane (harness.performance)
+times; without them it times the whole forward, host-side checks and their device waits included.
 
 Not every subject is a kernel. A subject declares what it can do in `capabilities` (`CAPABILITIES`):
   split     it takes a layer's kv_cache apart into K and V views (every KV-cache consumer: an RL framework reading
@@ -43,6 +45,7 @@ import importlib
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -128,6 +131,17 @@ class Subject(Protocol):
         self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: TileConfig | None
     ) -> torch.Tensor:
         """The same attention over contiguous K/V token rows."""
+
+    def paged_launch(
+        self, case: Case, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging,
+        tile: TileConfig | None,
+    ) -> Callable[[], torch.Tensor]:
+        """(optional) paged_forward's checks, done now; the returned call runs only its launches."""
+
+    def dense_launch(
+        self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: TileConfig | None
+    ) -> Callable[[], torch.Tensor]:
+        """(optional) dense_forward's checks, done now; the returned call runs only its launches."""
 
     def autotune_configs(self, case: Case) -> tuple[TileConfig, ...]:
         """(autotune) The tile configs a forward handed `tile` None chooses among for `case`."""

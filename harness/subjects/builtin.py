@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -242,21 +243,34 @@ class BuiltinSubject:
         self, case: Case, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging,
         tile: TileConfig | None,
     ) -> torch.Tensor:
-        _check_case(self, case, q, k_cache, v_cache)
-        check_paged_views(case, k_cache, v_cache)
-        _check_table(case, paging, k_cache.shape[0])
-        return launch(case, q, k_cache, v_cache, paging.block_table.to(q.device), tile or self.tile_config(case),
-                      batch_tensors(case, q.device))
+        return self.paged_launch(case, q, k_cache, v_cache, paging, tile)()
 
     def dense_forward(
         self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: TileConfig | None
     ) -> torch.Tensor:
+        return self.dense_launch(case, q, k, v, tile)()
+
+    def paged_launch(
+        self, case: Case, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging,
+        tile: TileConfig | None,
+    ) -> Callable[[], torch.Tensor]:
+        _check_case(self, case, q, k_cache, v_cache)
+        check_paged_views(case, k_cache, v_cache)
+        _check_table(case, paging, k_cache.shape[0])
+        table, tile = paging.block_table.to(q.device), tile or self.tile_config(case)
+        batch = batch_tensors(case, q.device)
+        return lambda: launch(case, q, k_cache, v_cache, table, tile, batch)
+
+    def dense_launch(
+        self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: TileConfig | None
+    ) -> Callable[[], torch.Tensor]:
         _check_case(self, case, q, k, v)
         for name, t in (("k", k), ("v", v)):
             want = (sum(case.kv_lens), case.kv_heads, case.head_dim)
             if tuple(t.shape) != want:
                 raise ValueError(f"{name} shape {tuple(t.shape)} is not [total_kv, kv_heads, head_dim] = {list(want)}")
-        return launch(case, q, k, v, None, tile or self.tile_config(case), batch_tensors(case, q.device))
+        tile, batch = tile or self.tile_config(case), batch_tensors(case, q.device)
+        return lambda: launch(case, q, k, v, None, tile, batch)
 
 
 def _check_case(subject: BuiltinSubject, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

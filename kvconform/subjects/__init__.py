@@ -1,6 +1,7 @@
 """kvconform's own subjects by the short names `--kvconform-subject` takes: `modelopt` (nvidia-modelopt's kernel and
-vLLM plugin, kvconform.subjects.modelopt) and `mutant:<name>` (the built-in kernel with a planted bug,
-kvconform.subjects.mutants), beside the core's `builtin`.
+vLLM plugin, kvconform.subjects.modelopt), `contiguous-views` (the built-in kernel behind a planted performance bug,
+kvconform.subjects.slow) and `mutant:<name>` (the built-in kernel with a planted bug, kvconform.subjects.mutants),
+beside the core's `builtin`.
 
 A short name stands for a `module:Class` that harness.subjects.load_subject loads: the plugin hands the runner that
 spec, so that the warm-up's processes, which load the subject again by its spec, need no name table of their own.
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 from harness import subjects as core
 
-NAMED = {"modelopt": "kvconform.subjects.modelopt:ModeloptSubject"}
+NAMED = {"modelopt": "kvconform.subjects.modelopt:ModeloptSubject",
+         "contiguous-views": "kvconform.subjects.slow:ContiguousViews"}
 MUTANT = "mutant:"  # `mutant:<name>`: kvconform.subjects.mutants.MUTANTS
 
 

@@ -43,6 +43,7 @@ import os
 import sys
 import threading
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from unittest import mock
 
@@ -174,6 +175,17 @@ class ModeloptSubject:
         self, case: Case, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging,
         tile: TileConfig | None,
     ) -> torch.Tensor:
+        return self.paged_launch(case, q, k_cache, v_cache, paging, tile)()
+
+    def dense_forward(
+        self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: TileConfig | None
+    ) -> torch.Tensor:
+        return self.dense_launch(case, q, k, v, tile)()
+
+    def paged_launch(
+        self, case: Case, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging,
+        tile: TileConfig | None,
+    ) -> Callable[[], torch.Tensor]:
         self._check(case, tile, q, k=k_cache, v=v_cache)
         check_paged_views(case, k_cache, v_cache)
         table = paging.block_table.to(device=q.device, dtype=torch.int32).contiguous()
@@ -194,22 +206,22 @@ class ModeloptSubject:
         b_start, b_len, _, kv_len = _varlen(case, q.device)
         # As the plugin calls it: dummy K/V whose shape[1] gives the GQA ratio, page_size = key_cache.shape[1].
         dummy = torch.empty(0, case.kv_heads, case.head_dim, device=q.device, dtype=q.dtype)
-        return self._launch(
+        return lambda: self._launch(
             q, tile, dummy, dummy, b_start, b_len, max(case.q_lens), case.causal, case.scale, None, kv_len,
             max(case.kv_lens), k_cache=k_cache, v_cache=v_cache, block_table=table, page_size=k_cache.shape[1],
             **_sparse_kw(case),
         )
 
-    def dense_forward(
+    def dense_launch(
         self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: TileConfig | None
-    ) -> torch.Tensor:
+    ) -> Callable[[], torch.Tensor]:
         self._check(case, tile, q, k=k, v=v)
         for name, t in (("k", k), ("v", v)):
             want = (sum(case.kv_lens), case.kv_heads, case.head_dim)
             if tuple(t.shape) != want:
                 raise ValueError(f"{name} shape {tuple(t.shape)} is not [total_kv, kv_heads, head_dim] = {list(want)}")
         b_start, b_len, kv_start, kv_len = _varlen(case, q.device)
-        return self._launch(
+        return lambda: self._launch(
             q, tile, k, v, b_start, b_len, max(case.q_lens), case.causal, case.scale, kv_start, kv_len,
             max(case.kv_lens), **_sparse_kw(case),
         )
