@@ -1,8 +1,9 @@
 """The report shows the performance lane's lines (harness.timings) beside the conformance cells: a paged / dense column
 in each benched subject's release x check matrix (the worst ratio and its mark; bold / red with a new performance
 finding), a Performance section (one row per release, workload and tile, the new findings first, the stale known ones
-apart) and a line under the verdict; the verdict itself never changes. Every report here is built from hand-written
-result and performance lines."""
+apart) and a line under the verdict; the verdict itself never changes. A subject or release only benched has its
+matrix too, and performance lines alone are a report whose verdict says no conformance ran. Every report here is built
+from hand-written result and performance lines."""
 
 import json
 import xml.etree.ElementTree as ET
@@ -209,3 +210,69 @@ def test_every_performance_word_has_a_mark_and_a_rank():
     assert cells.performance_word("within", "x#perf1") == "within"  # a known finding predicts no pass
     assert cells.performance_mark("slower").red and cells.performance_mark("not-timed").red
     assert not cells.performance_mark("slower [known]").red and not cells.performance_mark("within").red
+
+
+NO_CONFORMANCE = "NO CONFORMANCE RESULTS: only the performance lane's lines (nox -s bench) in 2 releases"
+
+
+def test_performance_lines_alone_are_a_report_that_claims_no_conformance(tmp_path, capsys):
+    root = tmp_path / "results"
+    timings.write(root, [bench("0.25.1", "packed:B.H.N.C", "decode 4k", "within", 0.97),
+                         bench("0.33.0", "packed:B.H.N.C", "decode 4k", "slower", 1.31),
+                         bench("0.33.0", "packed:B.H.N.C", "decode 4k", "within", 1.02, subject="slow")])
+    assert main([str(root), "--out", str(tmp_path / "out")]) == 0
+    assert NO_CONFORMANCE in capsys.readouterr().out
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["verdict"] == NO_CONFORMANCE and data["releases"] == ["0.25.1", "0.33.0"] and data["runs"] == []
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert md.startswith(f"# kvconform conformance report\n\n**{NO_CONFORMANCE}**\n\nPerformance: 1 new finding "
+                         "(nox -s bench fails on them; not a conformance outcome)\n\n"
+                         f"- builtin: {sections.UNCHECKED}\n- slow: {sections.UNCHECKED}\n")
+    where = md.split("## Where: release × check\n", 1)[1]
+    # every release of the report a row, contracts from the performance lines, no check column: none ran
+    assert where.split("### builtin\n\n", 1)[1].split("\n\n", 1)[0].splitlines() == [
+        f"| release | contracts from | {sections.BENCH_COLUMN} |", "|---|---|---|",
+        "| 0.25.1 | replay (bench) | 0.97x ✓ |", "| 0.33.0 | replay (bench) | **1.31x ✗** |"]
+    assert where.split("### slow\n\n", 1)[1].split("\n\n", 1)[0].splitlines()[2:] == [
+        "| 0.25.1 | · | · |", "| 0.33.0 | replay (bench) | 1.02x ✓ |"]
+    tree = ET.fromstring((tmp_path / "out" / "report.html").read_text())
+    verdict = next(e for e in tree.iter("p") if "verdict" in e.get("class", "").split())
+    assert (verdict.text, verdict.get("class")) == (NO_CONFORMANCE, "verdict none")  # not green
+    assert ["".join(p.itertext()) for p in tree.iter("p") if p.get("class") == "totals"] == [
+        f"builtin: {sections.UNCHECKED}", f"slow: {sections.UNCHECKED}"]
+    tables = [tree.find(f".//table[@id='m{n}']") for n in (0, 1)]
+    assert [[th.text for th in t.find("tr")] for t in tables] == [
+        ["release", "contracts from", sections.BENCH_COLUMN]] * 2
+    assert [["".join(td.itertext()) for td in tr] for t in tables for tr in t.findall("tr")[1:]] == [
+        ["0.25.1", "replay (bench)", "0.97x ✓"], ["0.33.0", "replay (bench)", "1.31x ✗"],
+        ["0.25.1", "·", "·"], ["0.33.0", "replay (bench)", "1.02x ✓"]]
+    assert tables[0].findall("tr")[2][-1].get("class") == "cell bench red"
+
+
+def test_neither_results_nor_performance_lines_is_an_error_naming_both(tmp_path, capsys):
+    (tmp_path / "0.33.0").mkdir()
+    assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "results.jsonl" in err and timings.FILE in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_subject_or_release_only_benched_gets_its_matrix(tmp_path):
+    root = conformance(tmp_path / "results")  # builtin in 0.25.1 and 0.33.0, other in 0.33.0
+    data = fold(root, [bench("0.22.1", "packed:B.H.N.C", "decode 4k", "within", 0.96),
+                       bench("0.33.0", "packed:B.H.N.C", "decode 4k", "slower", 1.4, subject="slow")])
+    assert data["releases"] == ["0.22.1", "0.25.1", "0.33.0"]  # 0.22.1: benched only, in version order
+    assert data["verdict"] == "GREEN: no new findings in 2 releases"  # the releases checked, not the benched one
+    md = report_md(data)
+    assert f"- slow: {sections.UNCHECKED}\n" in md.split("## Runs folded", 1)[0]
+    table = md.split("### builtin\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert table[2].startswith("| 0.22.1 | replay (bench) | · | 0.96x ✓ |")
+    assert matrix_rows(md, "slow") == {"0.22.1": ["·"], "0.25.1": ["·"], "0.33.0": ["**1.40x ✗**"]}
+    assert md.split("### slow\n\n", 1)[1].splitlines()[0] == f"| release | contracts from | {sections.BENCH_COLUMN} |"
+    assert matrix_rows(md, "other")["0.33.0"] == ["1/1"]  # not benched: no column
+    tree = ET.fromstring(report_html(data))
+    sections_ = {s.get("data-subject"): s for s in tree.iter("section")}
+    assert list(sections_) == ["builtin", "other", "slow"]
+    rows = [["".join(td.itertext()) for td in tr] for tr in sections_["slow"].find("table").findall("tr")]
+    assert rows == [["release", "contracts from", sections.BENCH_COLUMN], ["0.22.1", "·", "·"],
+                    ["0.25.1", "·", "·"], ["0.33.0", "replay (bench)", "1.40x ✗"]]

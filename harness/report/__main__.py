@@ -14,7 +14,7 @@ word with its count comes after, under Details. Outcome words are never folded t
 finding predicted is marked `[known]` (see docs/report.md). The performance lane's lines
 (results/<release>/performance.jsonl, harness.timings: all of them, whatever --run names; each release's file holds
 the last bench of each subject) are shown beside the conformance cells and in a section of their own; they never
-change the verdict.
+change the verdict, and a folder of them alone is a report whose verdict says there are no conformance results.
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ from harness.report.fold import report_data, runs
 from harness.report.html import report_html
 from harness.report.markdown import report_md
 from harness.results import read
+from harness.timings import FILE as TIMINGS
 from harness.timings import read as read_timings
 from harness.words import count
 
 
 def main(argv: list[str]) -> int:
-    """Write report.md, report.html and report.json; the exit status (1: no results, 2: a result or performance line,
-    report, recording or --run it cannot read)."""
+    """Write report.md, report.html and report.json; the exit status (1: neither result nor performance lines, 2: a
+    result or performance line, report, recording or --run it cannot read)."""
     parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
     parser.add_argument("--out", type=Path, default=None)
@@ -44,9 +45,10 @@ def main(argv: list[str]) -> int:
                         help="fold only this run's lines (repeatable); the Runs section names the others")
     args = parser.parse_args(argv)
     try:
-        rows = read(args.results)
-        if not rows:
-            print(f"no results under {args.results} (expected <release>/results.jsonl)", file=sys.stderr)
+        rows, timings = read(args.results), read_timings(args.results)
+        if not rows and not timings:  # either alone is a report: the performance lane's lines say NO CONFORMANCE
+            print(f"no results under {args.results} (expected <release>/results.jsonl or <release>/{TIMINGS})",
+                  file=sys.stderr)
             return 1
         known = [r["run"] for r in runs(rows)]
         if unknown := [x for x in args.run if x not in known]:
@@ -54,7 +56,7 @@ def main(argv: list[str]) -> int:
                              + ", ".join(known))
         chosen = set(args.run or known)
         data = report_data([r for r in rows if r.run in chosen], args.since, [r for r in rows if r.run not in chosen],
-                           timings=read_timings(args.results))
+                           timings=timings)
     except ValueError as e:  # a result or performance line, report or recording it cannot read (named), or a --run
         print(f"python -m harness.report: {e}", file=sys.stderr)
         return 2
@@ -64,7 +66,7 @@ def main(argv: list[str]) -> int:
     (out / "report.md").write_text(report_md(data))
     (out / "report.html").write_text(report_html(data))
     print(f"{out / 'report.md'}, report.html: {data['verdict']}; {sum(r['lines'] for r in data['runs'])} results, "
-          f"{count(len(data['releases']), 'release')}")
+          f"{count(len(timings), 'performance line')}, {count(len(data['releases']), 'release')}")
     return 0
 
 

@@ -114,7 +114,8 @@ def compare(old: dict, new: dict, since: Path) -> Changes:
     new_failures = [(k, before.get(k, "absent"), c) for k, c in now.items()
                     if c in cells.FAILING and before.get(k) not in cells.FAILING]
     fixes = [(k, c, now[k]) for k, c in before.items() if c in cells.FAILING and now.get(k) == cells.PASS_CLASS]
-    old_releases, new_releases = set(old.get("releases", [])), set(new["releases"])
+    # The releases with result lines (keys): a release only the performance lane benched is no conformance release.
+    old_releases, new_releases = {k.release for k in before}, {k.release for k in now}
     old_subjects, new_subjects = {k.subject for k in before}, {k.subject for k in now}
 
     def present(classes: dict[Key, str], field: str) -> set[tuple[str, str, str]]:

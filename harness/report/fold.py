@@ -29,12 +29,17 @@ RUNS_NAMED = 4  # runs the verdict names; more are counted there and listed unde
 
 
 def verdict(data: dict) -> str:
-    """RED with how many new findings in how many releases, or GREEN: known and stale findings never make it red.
-    Folded from more than one run, it names them (up to RUNS_NAMED; more are counted, and listed under Runs)."""
+    """RED with how many new findings in how many releases, or GREEN: known and stale findings never make it red;
+    with no result line at all (the performance lane's lines only), NO CONFORMANCE RESULTS, never GREEN. Folded from
+    more than one run, it names them (up to RUNS_NAMED; more are counted, and listed under Runs)."""
     new = data["new_findings"]
     where = {r["release"] for r in new}
+    checked = {rel for r in data["runs"] for rel in r["releases"]}  # a release only benched was never checked
+    if not data["runs"]:
+        return ("NO CONFORMANCE RESULTS: only the performance lane's lines (nox -s bench) in "
+                + count(len(data["releases"]), "release"))
     if not new:
-        said = f"GREEN: no new findings in {count(len(data['releases']), 'release')}"
+        said = f"GREEN: no new findings in {count(len(checked), 'release')}"
     else:
         said = f"RED: {count(len(new), 'new finding')} in {count(len(where), 'release')}"
     folded = data["runs"]
@@ -61,7 +66,9 @@ def report_data(rows: list[Result], since: Path | None = None, left_out: Iterabl
     ValueError naming the file when it cannot be read or is not one). `left_out`: the lines of runs not folded (not
     named by --run), listed as such. `recordings`: where the layout API changes of the releases are read from
     (harness.api_history; a ValueError naming a recording that is not JSON). `timings`: the performance lane's lines
-    (harness.timings.read), report.json's `performance` (see `performance`); they never change the verdict."""
+    (harness.timings.read), report.json's `performance` (see `performance`); they never change the verdict, but a
+    release they have is one of the report's `releases` (a row of every subject's release x check matrix)."""
+    timings = list(timings)
     def table() -> dict[str, dict[str, dict[str, Counter]]]:  # subject -> release -> column -> word counts
         return defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))
 
@@ -91,7 +98,7 @@ def report_data(rows: list[Result], since: Path | None = None, left_out: Iterabl
     known = Counter((r.known, r.release, r.geometry, r.check, r.outcome)
                     for r in rows if r.known and r.outcome != STALE)
     unsupported = Counter((r.subject, r.diagnosis) for r in rows if r.outcome == "unsupported")
-    releases = sorted({r.release for r in rows}, key=version_key)
+    releases = sorted({r.release for r in rows} | {t.release for t in timings}, key=version_key)
     first: dict[str, int] = {}  # a family's or geometry's first release: read in the order vLLM introduced them
     for r in rows:
         for key in {family.get(r.geometry, r.geometry), r.geometry}:
@@ -150,8 +157,9 @@ def performance(lines: Iterable[Timing]) -> dict:
     """The performance lane's lines as report.json's `performance`: per subject, per release (in release order) the
     word counts of its lines (`counts`, worst first), its worst cell (`worst`: the timed one with the largest paged /
     dense ratio, None when none was timed), one row per (workload, tile) in the order the lane wrote them (`rows`: its
-    counts, how many new findings, its worst cell, else its worst line), and its new and its stale performance
-    findings (`new_findings`, `stale_findings`: the full lines)."""
+    counts, how many new findings, its worst cell, else its worst line), its new and its stale performance findings
+    (`new_findings`, `stale_findings`: the full lines), and where its contracts came from (`sources`: the matrix's
+    "contracts from" where the subject has no result line of the release)."""
     by: dict[str, dict[str, list[Timing]]] = defaultdict(lambda: defaultdict(list))
     for t in lines:
         by[t.subject][t.release].append(t)
@@ -171,7 +179,8 @@ def _bench(lines: list[Timing]) -> dict:
                       "worst": _bench_cell(_worst(ts) or min(ts, key=lambda t: cells.performance_rank(_word(t))))}
                      for (w, tile), ts in rows.items()],
             "new_findings": [asdict(t) for t in lines if t.new_finding],
-            "stale_findings": [asdict(t) for t in lines if t.outcome == STALE]}
+            "stale_findings": [asdict(t) for t in lines if t.outcome == STALE],
+            "sources": sorted({t.source for t in lines})}
 
 
 def _word(t: Timing) -> str:

@@ -23,7 +23,7 @@ _CSS = """
 body{font:14px/1.4 system-ui,-apple-system,"DejaVu Sans",sans-serif;margin:16px 24px;color:#222}
 h1{font-size:18px;margin:0 0 8px}h2{font-size:16px;margin:20px 0 6px}h3{font-size:14px;margin:16px 0 6px}
 .verdict{font-size:24px;font-weight:700;padding:8px 14px;border-radius:4px;color:#fff;display:inline-block;margin:0}
-.verdict.red{background:#c62828}.verdict.green{background:#2e7d32}
+.verdict.red{background:#c62828}.verdict.green{background:#2e7d32}.verdict.none{background:#616161}
 .totals{margin:6px 0}.legend{color:#555;font-size:12px}
 .finding{border-left:5px solid #c62828;padding:2px 10px;margin:6px 0;background:#fff5f5}
 .finding p{margin:2px 0}.diag{color:#444}
@@ -233,16 +233,17 @@ def report_html(data: dict) -> str:
     """The report as one self-contained HTML page: the markdown report's content with a drill-down per cell and
     filters."""
     releases, kinds = data["releases"], sections.groups(data)
-    red = bool(data["new_findings"])
+    tone = "red" if data["new_findings"] else "green" if data["runs"] else "none"  # none: no result line, not green
     out = [f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"/><title>kvconform: {_h(data["verdict"])}'
            f"</title><style>{_CSS}</style></head><body>", "<h1>kvconform conformance report</h1>",
-           f'<p class="verdict {"red" if red else "green"}">{_h(data["verdict"])}</p>']
+           f'<p class="verdict {tone}">{_h(data["verdict"])}</p>']
     if said := sections.bench_verdict(data):
         out.append(f'<p class="bench-verdict">{_h(said)}</p>')
-    for subject in sorted(data["checks"]):
+    for subject in sections.subjects(data):
         c = cells.cell(sections.totals(data, subject))
-        out.append(f'<p class="totals">{_h(subject)}: <b>{c.passed:,}/{c.total:,} passed</b> — '
-                   + " ".join(f"{_html_mark(m, n)} {m.name}" for m, n in c.others) + "</p>")
+        out.append(f'<p class="totals">{_h(subject)}: ' + (_h(sections.UNCHECKED) if c is None else (
+            f"<b>{c.passed:,}/{c.total:,} passed</b> — "
+            + " ".join(f"{_html_mark(m, n)} {m.name}" for m, n in c.others))) + "</p>")
     out.append(_runs(data))
     if changed := sections.change_sections(data):
         ch = data["changes"]
@@ -262,14 +263,14 @@ def report_html(data: dict) -> str:
     if data["performance"]:
         out.append(f'<p class="legend">{_h(sections.BENCH_LEGEND)}</p>')
     out.append(_filters(data))
-    for n, subject in enumerate(sorted(data["checks"])):
+    for n, subject in enumerate(sections.subjects(data)):
         columns, bench = sections.columns(data, subject), sections.benched(data, subject)
         out.append(f'<section class="subject" data-subject="{_h(subject)}"><h3>{_h(subject)}</h3>'
                    f'<table id="m{n}"><tr><th>release</th><th>contracts from</th>'
                    + "".join(f"<th>{_h(c)}</th>" for c in columns)
                    + (f"<th>{_h(sections.BENCH_COLUMN)}</th>" if bench else "") + "</tr>")
         for release in releases:
-            cs = data["checks"][subject].get(release, {})
+            cs = data["checks"].get(subject, {}).get(release, {})
             tds = [_cell(cs.get(check, {}), check, {"subject": subject, "release": release, "check": check})
                    for check in columns] + ([_bench_cell(sections.bench_cell(data, subject, release))] if bench else [])
             out.append(f'<tr><td class="rel">{_h(release)}</td><td class="src">'

@@ -80,10 +80,12 @@ def _md_dtypes(data: dict, subject: str) -> list[str]:
     return out
 
 
-def _summary(data: dict, subject: str) -> tuple[str, list[tuple[Mark, int]]]:
-    """A subject's totals: `passed/total passed` and every other mark with its count."""
+def _summary(data: dict, subject: str) -> str:
+    """A subject's totals: `passed/total passed` and every other mark with its count (only benched: says so)."""
     c = cells.cell(sections.totals(data, subject))
-    return f"{c.passed:,}/{c.total:,} passed", list(c.others)
+    if c is None:
+        return sections.UNCHECKED
+    return f"{c.passed:,}/{c.total:,} passed — " + " · ".join(f"{_md_mark(m, n)} {m.name}" for m, n in c.others)
 
 
 def report_md(data: dict) -> str:
@@ -93,9 +95,7 @@ def report_md(data: dict) -> str:
     lines = ["# kvconform conformance report", "", f"**{data['verdict']}**", ""]
     if said := sections.bench_verdict(data):
         lines += [said, ""]
-    for subject in sorted(data["checks"]):
-        passed, others = _summary(data, subject)
-        lines.append(f"- {subject}: {passed} — " + " · ".join(f"{_md_mark(m, n)} {m.name}" for m, n in others))
+    lines += [f"- {subject}: {_summary(data, subject)}" for subject in sections.subjects(data)]
     lines += ["", f"## Runs folded ({len(data['runs'])})", "", "| " + " | ".join(sections.RUNS_HEAD) + " |",
               "|---" * len(sections.RUNS_HEAD) + "|",
               *("| " + " | ".join(row) + " |" for row in sections.runs_table(data))]
@@ -120,13 +120,13 @@ def report_md(data: dict) -> str:
     lines += ["", "## Where: release × check", "", sections.LEGEND + " " + " · ".join(
         f"{_md_mark(m)} {m.name} ({m.meaning})" for m in MARKS) + "."]
     lines += ["", sections.BENCH_LEGEND] if data["performance"] else []
-    for subject in sorted(data["checks"]):
+    for subject in sections.subjects(data):
         cols, bench = sections.columns(data, subject), sections.benched(data, subject)
-        lines += ["", f"### {subject}", "", "| release | contracts from | " + " | ".join(cols)
-                  + (f" | {sections.BENCH_COLUMN}" if bench else "") + " |",
+        lines += ["", f"### {subject}", "", "| " + " | ".join(
+                      ["release", "contracts from", *cols, *([sections.BENCH_COLUMN] if bench else [])]) + " |",
                   "|---|---|" + "---|" * (len(cols) + bench)]
         for release in releases:
-            cs = data["checks"][subject].get(release, {})
+            cs = data["checks"].get(subject, {}).get(release, {})
             lines.append(f"| {release} | {sections.source(data, subject, release)} | "
                          + " | ".join([*(md_cell(cs.get(check, {})) for check in cols),
                                        *([md_bench(data, subject, release)] if bench else [])]) + " |")

@@ -40,6 +40,7 @@ BENCH_NOTE = ("One row per release, workload and tile: the worst paged / dense r
               "finding (what fails `nox -s bench`) first. Not a conformance outcome: the verdict never counts them.")
 BENCH_HEAD = ("release", "workload", "tile", "paged / dense", "geometry", "limit", "roofline", "words")
 BENCH_STALE = "Stale known performance findings (applied, did not happen: remove or narrow them)"
+UNCHECKED = "no conformance lines; benched"  # a subject's summary when only the performance lane has its lines
 RUNS_NOTE = ("partial: the lines of its releases come from more than one run (a narrower run re-checked some items, "
              "an earlier run's other lines stay); `python -m harness.report --run ID` folds only the runs named.")
 
@@ -87,10 +88,16 @@ def headline(data: dict, g: Group) -> str:
             f"{where(data, g.geometries)} · {count(g.count, 'result')}")
 
 
+def subjects(data: dict) -> list[str]:
+    """Every subject with result or performance lines: each has a release x check matrix (one only benched has its
+    paged / dense column alone)."""
+    return sorted({*data["checks"], *data["performance"]})
+
+
 def totals(data: dict, subject: str) -> dict[str, int]:
-    """Every word of a subject with its count."""
+    """Every word of a subject with its count (none: only benched)."""
     total: Counter = Counter()
-    for cs in data["checks"][subject].values():
+    for cs in data["checks"].get(subject, {}).values():
         for counts in cs.values():
             total.update(counts)
     return dict(total)
@@ -210,10 +217,12 @@ def runs_table(data: dict) -> list[list[str]]:
 
 def source(data: dict, subject: str, release: str) -> str:
     """How the release's contracts were read for a subject's lines, and which run they come from (and when it ran);
-    lines of several runs say so, with each run's count."""
-    o = data["origins"][subject].get(release)
+    lines of several runs say so, with each run's count. Only benched there: its performance lines' sources
+    (`replay (bench)`)."""
+    o = data["origins"].get(subject, {}).get(release)
     if o is None:
-        return "·"
+        bench = data["performance"].get(subject, {}).get(release)
+        return f"{'/'.join(bench['sources'])} (bench)" if bench else "·"
     if len(o["runs"]) == 1:
         return f"{'/'.join(o['sources'])}, run {o['runs'][0]['run']} at {o['runs'][0]['time']}"
     return f"{'/'.join(o['sources'])}, lines from {len(o['runs'])} runs: " + ", ".join(
@@ -222,7 +231,7 @@ def source(data: dict, subject: str, release: str) -> str:
 
 def columns(data: dict, subject: str) -> list[str]:
     """A subject's checks, the columns of its release x check matrix, in the declared order."""
-    return sorted({c for cs in data["checks"][subject].values() for c in cs}, key=check_key)
+    return sorted({c for cs in data["checks"].get(subject, {}).values() for c in cs}, key=check_key)
 
 
 def dtype_columns(data: dict, subject: str) -> list[str]:
