@@ -1,4 +1,4 @@
-"""The performance lane (`nox -s bench`, `python -m harness.performance`): per release and subject, the paged
+"""The performance lane (`nox -s bench`, `python -m kvconform.bench`): per release and subject, the paged
 forward's time over the dense forward's on every distinct geometry the releases hand the subject (each geometry
 timed once, a line per release that hands it), at fixed workloads, judged against a noise band and the subject's
 known performance findings (harness.timings: the lines and words; harness.findings: the known ones). A new
@@ -14,7 +14,6 @@ timed on its launches alone; without them on its whole forwards, host checks and
 from __future__ import annotations
 
 import statistics
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
@@ -32,11 +31,10 @@ from harness.run.session import layer_of, serves, sizes_for, supports_layer
 from harness.run.targets import outside
 from harness.subjects import AUTOTUNE, TileConfig, capabilities_of
 from harness.timings import NOT_TIMED, SLOWER, STALE, WITHIN, Timing
-from harness.words import count
+from harness.words import count, listed
 
 HEADS = dict(num_heads=32, kv_heads=8, head_dim=128, block_size=16)
 QWEN25_7B = dict(num_heads=28, kv_heads=4, head_dim=128, block_size=16)  # Qwen2.5-7B's config.json
-DECODE, PREFILL = "decode", "prefill"
 WORKLOADS = {
     "decode 64x4k fp16": Case((1,) * 64, (4096,) * 64, **HEADS),
     "prefill 8x2k fp16": Case((2048,) * 8, (2048,) * 8, **HEADS),
@@ -141,7 +139,7 @@ def geometries(subject: object, releases: Iterable[ReleaseContracts], case: Case
         if n not in handed:
             by_reason.setdefault(w, []).append(n)
     return [Geometry(n, tuple(h)) for n, h in handed.items()], [
-        f"{count(len(ns), 'geometry')} ({', '.join(ns[:3])}{f', ... {len(ns) - 3} more' if len(ns) > 3 else ''}): {w}"
+        f"{count(len(ns), 'geometry')} ({listed(ns)}): {w}"
         for w, ns in by_reason.items()]
 
 

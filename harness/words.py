@@ -1,4 +1,4 @@
-"""How the harness counts things in words: `1 release`, `2 geometries`, `3 fixes`, `1,548 lines`.
+"""How the harness counts things in words: `1 release`, `2 geometries`, `3 fixes`, `1,548 lines`, `a, b, c, ... 2 more`.
 
 Standard library only: the report (harness.report) runs without torch.
 """
@@ -18,3 +18,8 @@ def plural(noun: str) -> str:
 def count(n: int, noun: str) -> str:
     """`n` (with thousands separators) and `noun`, in the plural unless `n` is 1."""
     return f"{n:,} {noun if n == 1 else plural(noun)}"
+
+
+def listed(names: list[str], shown: int = 3) -> str:
+    """The first `shown` names, and how many more there are."""
+    return ", ".join(names[:shown]) + (f", ... {len(names) - shown} more" if len(names) > shown else "")

@@ -11,7 +11,7 @@ from harness.run.session import Session
 from harness.run.targets import examples_per_item, outside, targets
 from harness.cases import SPARSITY_MODES
 from harness.subjects import FORWARD
-from harness.words import count
+from harness.words import count, listed
 
 
 def coverage(session: Session) -> list[str]:
@@ -41,9 +41,9 @@ def coverage(session: Session) -> list[str]:
         checked = sum(1 for c in r.contracts if s.selects(c))
         parts = [f"{count(len(cs), 'contract')} of {_count_by(c.origin.backend_name for c in cs)}: {why}"
                  for why, cs in left.items()]
-        parts += [f"{count(len(names), 'geometry')} ({_listed(names)}): {reason}"
+        parts += [f"{count(len(names), 'geometry')} ({listed(names)}): {reason}"
                   for reason, names in left_out(s, r).items()]
-        parts += [f"{count(len(names), 'geometry')} ({_listed(names)}): unsupported, by its supports_layer: "
+        parts += [f"{count(len(names), 'geometry')} ({listed(names)}): unsupported, by its supports_layer: "
                   f"{reason}" for reason, names in refused.items()]
         line = (f"{r.release}: {s.subject_name} selects {checked} of its {len(r.contracts)} contracts "
                 f"({count(len(chosen), 'geometry')})")
@@ -112,7 +112,3 @@ def _count_by(names) -> str:
     for n in names:
         counts[n] = counts.get(n, 0) + 1
     return ", ".join(f"{n} ({k})" for n, k in counts.items())
-
-
-def _listed(names: list[str], shown: int = 3) -> str:
-    return ", ".join(names[:shown]) + (f", ... {len(names) - shown} more" if len(names) > shown else "")

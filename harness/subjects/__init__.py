@@ -156,6 +156,22 @@ class Subject(Protocol):
         the same layout, in place, touching nothing else."""
 
 
+class Launched:
+    """A kernel whose forwards are its `paged_launch` and `dense_launch` called at once, so that the performance lane
+    times exactly the launches the checks run."""
+
+    def paged_forward(
+        self, case: Case, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging,
+        tile: TileConfig | None,
+    ) -> torch.Tensor:
+        return self.paged_launch(case, q, k_cache, v_cache, paging, tile)()
+
+    def dense_forward(
+        self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: TileConfig | None
+    ) -> torch.Tensor:
+        return self.dense_launch(case, q, k, v, tile)()
+
+
 def check_paged_views(case: Case, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     """Raise ValueError unless K and V are canonical [num_blocks, block_size, kv_heads, head_dim] views for `case`."""
     want = (case.block_size, case.kv_heads, case.head_dim)

@@ -22,7 +22,7 @@ from harness.cache import Paging
 from harness.cases import Case
 from harness.contract import cache_dtype
 from harness.layer import Layer, kv_views
-from harness.subjects import SparsitySemantics, TileConfig, check_paged_views
+from harness.subjects import Launched, SparsitySemantics, TileConfig, check_paged_views
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)  # K/V types read as values times a per-tensor scale of 1
@@ -206,7 +206,7 @@ def _combine(part_ptr, stats_ptr, out_ptr, total_rows, num_heads, stride_ot, str
     tl.store(out_ptr + o_row + d, (acc / l).to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
-class BuiltinSubject:
+class BuiltinSubject(Launched):
     """This project's own sparse paged attention (see the module docstring)."""
 
     name = "builtin"
@@ -238,17 +238,6 @@ class BuiltinSubject:
         if case.head_dim == 256:
             return DECODE_256 if decode else PREFILL_256
         return DECODE if decode else PREFILL
-
-    def paged_forward(
-        self, case: Case, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging,
-        tile: TileConfig | None,
-    ) -> torch.Tensor:
-        return self.paged_launch(case, q, k_cache, v_cache, paging, tile)()
-
-    def dense_forward(
-        self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: TileConfig | None
-    ) -> torch.Tensor:
-        return self.dense_launch(case, q, k, v, tile)()
 
     def paged_launch(
         self, case: Case, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging,

@@ -56,7 +56,7 @@ from harness.contract import ContractError, views
 from harness.layer import Layer, contract_of
 from harness import fixtures, vllm_api
 from harness.fixtures import Recording
-from harness.subjects import AUTOTUNE, FORWARD, SPLIT, SparsitySemantics, TileConfig, check_paged_views
+from harness.subjects import AUTOTUNE, FORWARD, SPLIT, Launched, SparsitySemantics, TileConfig, check_paged_views
 
 ENV = "KVCONFORM_MODELOPT"  # a PyPI version ("0.47.0") or a modelopt source tree (a directory holding `modelopt/`)
 PLUGIN = "modelopt.torch.sparsity.attention_sparsity.plugins.vllm"
@@ -102,7 +102,7 @@ class _Modelopt:
     live: bool  # vLLM is installed: the plugin queries the real FlashAttentionBackend
 
 
-class ModeloptSubject:
+class ModeloptSubject(Launched):
     """nvidia-modelopt's kernel and vLLM plugin (see the module docstring). In replay the split needs the recorded
     release: bound here (`for_release`), or else the layer's."""
 
@@ -170,17 +170,6 @@ class ModeloptSubject:
         if got is None:
             raise ContractError(f"{where}: the plugin's forward never handed K/V to its Triton kernel")
         return got
-
-    def paged_forward(
-        self, case: Case, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging,
-        tile: TileConfig | None,
-    ) -> torch.Tensor:
-        return self.paged_launch(case, q, k_cache, v_cache, paging, tile)()
-
-    def dense_forward(
-        self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: TileConfig | None
-    ) -> torch.Tensor:
-        return self.dense_launch(case, q, k, v, tile)()
 
     def paged_launch(
         self, case: Case, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging,
