@@ -268,11 +268,13 @@ def test_oracle_catches_bugs_that_hit_both_modes(name):
     assert oracle_error(case, dense, q, k, v) >= moved - tol
 
 
+@pytest.mark.parametrize("block_size", [16, 48, 128], ids=lambda b: f"block{b}")
 @pytest.mark.parametrize("name", ["table_row", "kv_stride_axis"])
-def test_bit_identity_catches_paging_bugs(name):
-    # Equal lengths keep the wrong table row inside real pages; kv_heads <= block_size keeps the swapped strides
-    # inside the allocation (NHD order).
-    case = Case((3, 3), (40, 40), 4, 2, 64, 16)
+def test_bit_identity_catches_paging_bugs(name, block_size):
+    # The kernel finds a key's page three ways (a tile spans whole pages, a page holds whole tiles, neither): one
+    # block size each, with keys past the first tile of a page. Equal lengths keep the wrong table row inside real
+    # pages; kv_heads <= block_size keeps the swapped strides inside the allocation (NHD order).
+    case = Case((3, 3), (100, 100), 4, 2, 64, block_size)
     q, k, v = inputs(case)
     subject = mutant_subject(name)
     dense = subject.dense_forward(case, q, k, v, subject.tile_config(case))

@@ -1,6 +1,7 @@
 """Compiles are bounded and counted: the built-in kernel specialises on its declared constexprs and dtypes only,
 the warm-up cases span every variant an example can draw, and the cache layer counts compiles and loads apart."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -205,25 +206,12 @@ def test_a_finished_warm_up_is_not_repeated_in_the_same_cache(tmp_path, monkeypa
 
 PTX = """
 import json, re, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import torch
 from harness.cases import Case
 from harness.subjects import builtin
 
 case, paged = Case((1,) * 4, (4096,) * 4, 32, 8, 128, 16), sys.argv[1] == "paged"
-tile = builtin.BuiltinSubject().tile_config(case)
-fn, cx = builtin._attn_fwd, builtin.constexprs(case, tile, paged)
-names = [p.name for p in fn.params]
-partial = "*fp32" if cx["SPLIT"] else "*fp16"
-types = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "out_ptr": "*fp16", "part_ptr": partial,
-         "stats_ptr": partial, "scale_log2": "fp32", "log2_threshold": "fp32"}
-sig = {n: "constexpr" if p.is_constexpr else types.get(n, "*i32" if n.endswith("_ptr") else "i32")
-       for n, p in zip(names, fn.params)}
-attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("_ptr")}  # torch's allocations
-src = ASTSource(fn, sig, {(names.index(k),): v for k, v in cx.items()}, attrs)
-ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": tile.num_warps,
-                     "num_stages": tile.num_stages}).asm["ptx"]
+ptx = builtin.compiled(case, builtin.BuiltinSubject().tile_config(case), paged, torch.float16).asm["ptx"]
 print(json.dumps({"vector": len(re.findall(r"cp\\.async\\.cg\\.shared\\.global|ld\\.global\\.v4", ptx)),
                   "scalar16": len(re.findall(r"ld\\.global\\.b16", ptx))}))
 """
@@ -238,6 +226,36 @@ def test_unspecialised_strides_still_give_vectorised_loads():
         assert done.returncode == 0, done.stderr[-2000:]
         loads = json.loads(done.stdout.strip().splitlines()[-1])
         assert loads["vector"] >= 32 and loads["scalar16"] == 0, (mode, loads)
+
+
+SASS = """
+import json, runpy, torch
+from harness.cases import Case
+from harness.subjects import builtin
+
+loop_instructions = runpy.run_path("benchmarks/kernel_sass.py")["loop_instructions"]
+case = Case((2048,) * 8, (2048,) * 8, 32, 8, 128, 16)
+for paged in (False, True):
+    sass = builtin.compiled(case, builtin.BuiltinSubject().tile_config(case), paged, torch.float16).asm["sass"]
+    print(json.dumps(loop_instructions(sass)))
+"""
+
+
+def test_the_sass_benchmark_counts_the_key_tile_loop():
+    # The loop benchmarks/kernel_sass.py counts must be the key-tile loop, whole: on sm_90 a 64 x 64 prefill tile at
+    # head dim 128 issues its QK^T dot as 128 / 16 wgmma steps and its PV dot as 64 / 16, all inside that loop.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", SASS], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    dense, paged = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    for ops in (dense, paged):
+        assert sum(n for op, n in ops.items() if op.startswith("HGMMA")) == 128 // 16 + 64 // 16, ops
+    assert "LDG.E" in paged and "LDG.E" not in dense, (paged, dense)  # page ids: only the paged loop reads the table
+    spec = importlib.util.spec_from_file_location("kernel_sass", REPO / "benchmarks" / "kernel_sass.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(ValueError, match="no backward branch"):
+        module.loop_instructions("Function:f\n--:-:-:-:1\tEXIT;\n")
 
 
 def test_the_warm_up_runs_behind_and_kernel_items_wait_for_its_end(tmp_path, monkeypatch):

@@ -29,10 +29,11 @@ FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)  # K/V types read as values times
 NM_GROUPS = (2, 4, 8, 16)
 MODES = {"none": 0, "skip_softmax": 1, "nm": 2}
 # The fixed tile set: decode-like batches (every program holds one query token's group of heads) stream K/V with
-# deep pipelining; the rest use square tiles. Head dim 256 halves BLOCK_N to stay within shared memory.
+# deep pipelining; the rest use square tiles, three stages deep too (at two, the loop waits for a tile's copies right
+# after issuing them). Head dim 256 halves BLOCK_N to stay within shared memory. docs/kernel.md has the measurements.
 DECODE = TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
 DECODE_256 = TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3)
-PREFILL = TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=2)
+PREFILL = TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
 PREFILL_256 = TileConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
 TILES = (DECODE, DECODE_256, PREFILL, PREFILL_256)
 # Split-KV aims for this many programs; skip-softmax never splits since its decisions follow the running max
@@ -96,8 +97,12 @@ def _attn_fwd(
     per_split = tl.cdiv(n_tiles, num_splits)
     tile_lo = split * per_split
     tile_hi = tl.minimum(n_tiles, tile_lo + per_split)
+    a = tl.arange(0, BLOCK_N)
     if PAGED:
         table_row = table_ptr + seq * stride_table
+        # Page ids are loaded a tile ahead, into registers: loaded in the tile that uses them, a three-stage pipeline
+        # stages them through shared memory, about 70 more instructions a tile on sm_90 (docs/kernel.md).
+        page_next = _page_ids(table_row, tile_lo, a, kv_len, BLOCK_N, BLOCK_SIZE)
     else:
         kv_start = tl.load(cu_kv_ptr + seq).to(tl.int64)
 
@@ -105,20 +110,30 @@ def _attn_fwd(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     for t in range(tile_lo, tile_hi):
-        n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        n = t * BLOCK_N + a
         n_ok = n < kv_len
-        # Out-of-range keys load as 0 and never touch a page: the table entry is masked too (it may be -1).
+        # Out-of-range keys load as 0 and never touch a page.
         if PAGED:
-            page = tl.load(table_row + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
-            k_rows = page * stride_kb + (n % BLOCK_SIZE) * stride_kn + kv_head * stride_kh
-            v_rows = page * stride_vb + (n % BLOCK_SIZE) * stride_vn + kv_head * stride_vh
+            page = page_next.to(tl.int64)
+            page_next = _page_ids(table_row, t + 1, a, kv_len, BLOCK_N, BLOCK_SIZE)
+            # A key's row in its page. Where page size and tile width divide one into the other, the rows repeat
+            # every tile and the bracketed terms below are loop-invariant.
+            if BLOCK_SIZE % BLOCK_N == 0:
+                row = (t % (BLOCK_SIZE // BLOCK_N)) * BLOCK_N + a
+            elif BLOCK_N % BLOCK_SIZE == 0:
+                row = a % BLOCK_SIZE
+            else:
+                row = n % BLOCK_SIZE
+            k_rows = page * stride_kb + (row * stride_kn + kv_head * stride_kh)
+            v_rows = page * stride_vb + (row * stride_vn + kv_head * stride_vh)
         else:
             k_rows = (kv_start + n) * stride_kn + kv_head * stride_kh
             v_rows = (kv_start + n) * stride_vn + kv_head * stride_vh
         k_rows = tl.multiple_of(k_rows, ALIGN)
         v_rows = tl.multiple_of(v_rows, ALIGN)
-        k = tl.load(k_ptr + k_rows[None, :] + d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0).to(q.dtype)
-        s = _dot(q, k, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_F32) * scale_log2
+        # K is read in V's [key, dim] layout, so one page id per key serves both loads.
+        k = tl.load(k_ptr + k_rows[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(q.dtype)
+        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_F32) * scale_log2
         valid = row_ok[:, None] & n_ok[None, :]
         if CAUSAL:
             valid = valid & (n[None, :] <= q_pos[:, None])
@@ -157,6 +172,20 @@ def _attn_fwd(
         o = acc / l_i[:, None]
         tl.store(out_ptr + o_rows[:, None] + d[None, :], o.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _page_ids(table_row, t, a, kv_len, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    # Key tile t's page ids: one entry where a page holds whole tiles, else one per key. Slots past the sequence's
+    # last page read that page's entry (the others may be -1 or past the row); their keys load nothing.
+    last = (kv_len - 1) // BLOCK_SIZE
+    if BLOCK_SIZE % BLOCK_N == 0:
+        ids = tl.load(table_row + tl.minimum(t // (BLOCK_SIZE // BLOCK_N), last))
+    elif BLOCK_N % BLOCK_SIZE == 0:
+        ids = tl.load(table_row + tl.minimum(t * (BLOCK_N // BLOCK_SIZE) + a // BLOCK_SIZE, last))
+    else:
+        ids = tl.load(table_row + tl.minimum((t * BLOCK_N + a) // BLOCK_SIZE, last))
+    return ids
 
 
 @triton.jit
@@ -400,3 +429,32 @@ def launch(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table:
         _combine[(total_rows,)](part, stats, out, total_rows, case.num_heads, out.stride(0), out.stride(1), splits,
                                 HEAD_DIM=case.head_dim, D_PAD=d_pad)
     return out
+
+
+TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+                torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}
+
+
+def compiled(case: Case, tile: TileConfig, paged: bool, kv_dtype: torch.dtype, arch: int = 90
+             ) -> triton.compiler.CompiledKernel:
+    """The attention kernel for `case` compiled ahead of time for CUDA compute capability `arch` (sm_90: H100/H200),
+    with no GPU: its `asm` holds the ttgir, ptx and sass a launch on that device would run. Pointers are typed and
+    aligned as torch's allocations are; every runtime integer is unspecialised, as at launch."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if kv_dtype not in (case.torch_dtype, *FP8):
+        raise ValueError(f"kv dtype {kv_dtype} is neither the case's {case.dtype} nor one fp8 type {FP8}")
+    cx = constexprs(case, tile, paged)
+    names = [p.name for p in _attn_fwd.params]
+    model, kv = TRITON_TYPES[case.torch_dtype], TRITON_TYPES[kv_dtype]
+    partial = "fp32" if cx["SPLIT"] else model
+    types = {"q_ptr": model, "k_ptr": kv, "v_ptr": kv, "out_ptr": model, "part_ptr": partial, "stats_ptr": partial}
+    sig = {n: "constexpr" if p.is_constexpr else
+           "fp32" if n in ("scale_log2", "log2_threshold") else
+           "*" + types.get(n, "i32") if n.endswith("_ptr") else "i32"
+           for n, p in zip(names, _attn_fwd.params)}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("_ptr")}
+    src = ASTSource(_attn_fwd, sig, {(names.index(k),): v for k, v in cx.items()}, aligned)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": tile.num_warps, "num_stages": tile.num_stages})

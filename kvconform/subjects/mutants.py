@@ -40,8 +40,8 @@ MUTANTS = {
                "table_row = table_ptr + ((seq + 1) % (tl.num_programs(0) // q_tiles)) * stride_table"),
         # Token-in-page and kv-head strides swapped for K (right for neither NHD nor HND).
         Mutant("kv_stride_axis",
-               "k_rows = page * stride_kb + (n % BLOCK_SIZE) * stride_kn + kv_head * stride_kh",
-               "k_rows = page * stride_kb + (n % BLOCK_SIZE) * stride_kh + kv_head * stride_kn"),
+               "k_rows = page * stride_kb + (row * stride_kn + kv_head * stride_kh)",
+               "k_rows = page * stride_kb + (row * stride_kh + kv_head * stride_kn)"),
         # Skip-softmax compares log2-unit scores against the threshold's natural log: it drops tiles up to
         # exp(tile_max - running_max) < threshold^ln2, e.g. 0.43 for 0.3, far outside any boundary margin.
         Mutant("skip_threshold_ln", 'skip = (tile_max == float("-inf")) | (tile_max - m_i < log2_threshold)',
