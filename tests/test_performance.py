@@ -173,7 +173,7 @@ def test_known_performance_findings_read_and_refused(tmp_path):
 
 
 def test_the_shipped_known_performance_findings_read():
-    assert [f.id for f in findings.load_performance("builtin").findings] == ["builtin#perf1", "builtin#perf2"]
+    assert [f.id for f in findings.load_performance("builtin").findings] == ["builtin#perf1"]
     assert [f.id for f in findings.load_performance("modelopt").findings] == ["modelopt#perf1"]
 
 
