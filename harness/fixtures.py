@@ -23,7 +23,7 @@ from typing import Any
 
 from harness import api_history
 from harness.api_history import ROOT, releases  # where the recordings lie: the report reads them without torch
-from harness.contract import CACHE_DTYPES, Contract, ContractError
+from harness.contract import ALIASES, CACHE_DTYPES, Contract, ContractError
 
 
 
@@ -152,6 +152,18 @@ def _contract_diff(a: Contract, b: Contract) -> list[str]:
         out.append(f"physical (stride) order {'.'.join(x.physical)} -> {'.'.join(y.physical)}")
     if a.split_rule != b.split_rule:
         out.append(f"K/V split {a.split_rule} -> {b.split_rule}")
+    return out
+
+
+def unmodelled(rec: Recording) -> dict[str, list[str]]:
+    """The cache dtypes the recording's backends list in `supported_kv_cache_dtypes` that kvconform does not model
+    (harness.contract.CACHE_DTYPES), each with the backends that list it: no contract of them is recorded.
+    `float16` and `bfloat16` are not among them: they name the element type of `auto`'s layout."""
+    out: dict[str, list[str]] = {}
+    for backend, seen in rec.observations.get("backends", {}).items():
+        for name in seen.get("supported_kv_cache_dtypes") or ():
+            if ALIASES.get(name, name) not in CACHE_DTYPES and name not in ("float16", "bfloat16"):
+                out.setdefault(name, []).append(backend)
     return out
 
 

@@ -155,9 +155,9 @@ def test_a_launch_key_tells_apart_what_triton_compiles_apart(launches):
 
 
 def test_the_warm_up_is_small(warmed):
-    # A few hundred compiles on the GPU sizes: seconds each, so a session warm-up spread over 16 processes is about
-    # a minute.
-    assert len(warmed["gpu"]) <= 500, len(warmed["gpu"])
+    # A few hundred compiles on the GPU sizes, about 200 per K/V element type the recordings hand the built-in (the
+    # model dtype, fp8 e4m3, fp8 e5m2): seconds each, so a session warm-up spread over 16 processes is a minute or two.
+    assert len(warmed["gpu"]) <= 650, len(warmed["gpu"])
 
 
 def test_the_cache_layer_counts_compiles_and_loads_apart(tmp_path, monkeypatch):

@@ -206,3 +206,12 @@ def test_a_backend_that_fails_to_import_where_the_recording_had_none_is_named():
     assert drift(_seen((FA_NHD,), FLASHINFER=FI_ABSENT), _seen((FA_NHD,), FLASHINFER=FI_UNIMPORTABLE)) == [
         f"backend FLASHINFER could not be imported or read: {FI_UNIMPORTABLE['why']}"]
 
+
+
+def test_a_cache_dtype_a_backend_lists_but_kvconform_does_not_model_is_named():
+    rec = fixtures.load("0.25.1")
+    listed = rec.observations["backends"]["TRITON_ATTN"]["supported_kv_cache_dtypes"]
+    assert {"int8_per_token_head", "fp8_e5m2", "bfloat16"} <= set(listed)
+    assert fixtures.unmodelled(rec) == {"int4_per_token_head": ["TRITON_ATTN"], "int8_per_token_head": ["TRITON_ATTN"]}
+    planted = dataclasses.replace(rec, observations={"backends": {"X": {"supported_kv_cache_dtypes": ["fp8", "fp6"]}}})
+    assert fixtures.unmodelled(planted) == {"fp6": ["X"]}

@@ -42,8 +42,8 @@ CAPABILITIES = ((9, 0), (10, 0))  # device classes a backend may answer differen
 # The cache dtypes asked about per backend (FLASH_ATTN's model dtype is the era adapters').
 DTYPES = {
     "FLASH_ATTN": ("fp8_e4m3",),
-    "FLASHINFER": ("auto", "fp8_e4m3", "nvfp4"),
-    "TRITON_ATTN": ("auto", "fp8_e4m3", "fp8_per_token_head"),
+    "FLASHINFER": ("auto", "fp8_e4m3", "fp8_e5m2", "nvfp4"),
+    "TRITON_ATTN": ("auto", "fp8_e4m3", "fp8_e5m2", "fp8_per_token_head"),
     "FLEX_ATTENTION": ("auto",),
     "FLASH_ATTN_DIFFKV": ("auto", "fp8_e4m3"),
     "TRITON_MLA": ("auto", "fp8_e4m3"),

@@ -45,6 +45,9 @@ def coverage(session: Session) -> list[str]:
                   for reason, names in left_out(s, r).items()]
         parts += [f"{count(len(names), 'geometry')} ({listed(names)}): unsupported, by its supports_layer: "
                   f"{reason}" for reason, names in refused.items()]
+        if r.unmodelled:
+            parts.append("cache dtypes its backends list that kvconform does not model (no contract recorded): "
+                         + ", ".join(f"{d} ({', '.join(bs)})" for d, bs in r.unmodelled.items()))
         line = (f"{r.release}: {s.subject_name} selects {checked} of its {len(r.contracts)} contracts "
                 f"({count(len(chosen), 'geometry')})")
         out.append(line + ("; not checked: " + "; ".join(parts) if parts else "; every one is checked"))

@@ -22,6 +22,7 @@ class ReleaseContracts:
     contracts: tuple[Contract, ...]
     error: str = ""  # the contract-error when they could not be read
     drift: tuple[str, ...] = ()
+    unmodelled: dict[str, list[str]] = field(default_factory=dict, compare=False)  # fixtures.unmodelled
     recording: Recording | None = field(default=None, compare=False, repr=False)  # replay: the stand-ins' source
 
     def describe(self) -> str:
@@ -52,7 +53,8 @@ def load_release(release: str, contracts_dir: Path) -> ReleaseContracts:
     if not vllm_installed():
         try:
             recording = fixtures.load(release, contracts_dir)
-            return ReleaseContracts(release, "replay", recording.contracts, recording=recording)
+            return ReleaseContracts(release, "replay", recording.contracts, recording=recording,
+                                    unmodelled=fixtures.unmodelled(recording))
         except ContractError as e:
             return ReleaseContracts(release, "replay", (), str(e))
     try:
@@ -61,9 +63,11 @@ def load_release(release: str, contracts_dir: Path) -> ReleaseContracts:
         return ReleaseContracts(release, "live", (), str(e))
     if release != "main" and live.release != release:
         return ReleaseContracts(release, "live", (), f"the installed vLLM is {live.release}, not {release}")
+    unmodelled = fixtures.unmodelled(live)
     if release not in fixtures.releases(contracts_dir):
-        return ReleaseContracts(release, "live", live.contracts, drift=(f"no recording of {release} to compare",))
-    return ReleaseContracts(release, "live", live.contracts,
+        return ReleaseContracts(release, "live", live.contracts, drift=(f"no recording of {release} to compare",),
+                                unmodelled=unmodelled)
+    return ReleaseContracts(release, "live", live.contracts, unmodelled=unmodelled,
                             drift=tuple(fixtures.drift(fixtures.load(release, contracts_dir), live)))
 
 
