@@ -2,7 +2,7 @@
 
 A run is red only on a new finding. An outcome that a known finding predicts is reported (xfail, with the reason and
 the finding's id in the results); a known finding that applied to checks run in a session but never happened there
-is reported as stale. Each entry:
+is reported as stale, and one none of whose examples ran there as unexercised. Each entry:
 
     [[finding]]
     releases = ">=0.26.0"   # PEP 440 specifier over vLLM versions; "*" = all; "main" only by "*" or "main"

@@ -23,8 +23,15 @@ Outcome words are never folded into one another (harness.report keeps them apart
                     contract's K/V there (split-agrees reports that finding); never a pass
   timeout           the item ran past its time limit (--kvconform-timeout): a harness limit naming the item and the
                     seconds, with the example it was running; never a verdict on the subject, never a pass
-`stale` is not an outcome of a check: it marks a known finding that applied but did not happen in the run that wrote
-it; a later run of the subject that checks any item the finding covers drops it (and says stale again if it is).
+Two words are no check's outcome; each marks a known finding, per release of the run that wrote it (a release it wrote
+lines for, in the finding's range, with a geometry its glob matches: a contract's, or one this run's lines name):
+  stale             the finding applied (an example it covers ran: any outcome but the ones saying the check did not
+                    run) but did not happen
+  unexercised       none of its examples ran there: every one it covers was unsupported, not run, skipped or not
+                    applicable, or the run selected none (a check deselected); the diagnosis says which. Never a pass:
+                    a refusal must not hide a known finding
+A later run of the subject that checks any item the finding covers drops either line (and writes it again if it still
+holds).
 
 `python -m harness.results install-error RELEASE REASON [--dir results]` records a failed install.
 """
@@ -64,6 +71,7 @@ class Word(str, Enum):
     NOT_APPLICABLE = "not-applicable"
     TIMEOUT = "timeout"
     STALE = "stale"  # not a check's outcome: a known finding that applied but did not happen
+    UNEXERCISED = "unexercised"  # not a check's outcome: a known finding none of whose examples ran
 
     @property
     def passing(self) -> bool:
@@ -71,9 +79,10 @@ class Word(str, Enum):
         return self.value in PASSING
 
 
-OUTCOMES = tuple(w.value for w in Word if w is not Word.STALE)  # what a check (or a known finding) can say
+STALE, UNEXERCISED = Word.STALE, Word.UNEXERCISED
+OUTCOMES = tuple(w.value for w in Word if w not in (STALE, UNEXERCISED))  # what a check (or a known finding) can say
 PASSING = ("bit-identical", "within-tolerance", "rejected")
-STALE = Word.STALE
+NOT_RAN = ("unsupported", "not-run", "skipped", "not-applicable")  # a check's outcomes that say it did not run
 SCHEMA = 2  # result lines without it (an older kvconform's) are refused by `read`
 
 
@@ -180,8 +189,9 @@ def _runs(lines: list[dict]) -> tuple[tuple[str, int], ...]:
 def merge(root: Path, release: str, run: str = "") -> Merged:
     """Fold the per-worker files of `release` into results.jsonl and remove them. Worker names starting with `run`
     only, so that concurrent sessions do not take each other's files. The new lines replace the previous lines of
-    the items they check, and the stale lines of their subject whose known finding covers any of those items; every
-    other line stays. A session that checked nothing of this release (collect-only, deselected) changes nothing."""
+    the items they check, and the stale and unexercised lines of their subject whose known finding covers any of
+    those items; every other line stays. A session that checked nothing of this release (collect-only, deselected)
+    changes nothing."""
     d = release_dir(root, release)
     parts = sorted(d.glob(f"results.{run}*.jsonl"))
     out = d / "results.jsonl"
@@ -193,8 +203,9 @@ def merge(root: Path, release: str, run: str = "") -> Merged:
     checked = {(x["subject"], x["check"], x["geometry"], x["sparsity"]) for x in new}
 
     def rechecked(x: dict) -> bool:
-        # A stale line names the finding's globs, never one item: it goes when the run checked any item they cover.
-        return item(x) in items or x.get("outcome") == STALE and any(
+        # A stale or unexercised line names the finding's globs, never one item: it goes when the run checked any
+        # item they cover (that run says again what the finding did there).
+        return item(x) in items or x.get("outcome") in (STALE, UNEXERCISED) and any(
             s == x.get("subject") and fnmatchcase(c, x.get("check", "")) and fnmatchcase(g, x.get("geometry", ""))
             and fnmatchcase(sp, x.get("sparsity", "")) for s, c, g, sp in checked)
 

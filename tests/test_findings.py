@@ -57,6 +57,8 @@ def test_globs_and_exact_outcome(tmp_path):
 
 @pytest.mark.parametrize("entry, message", [
     ({"outcome": "broken"}, "outcome 'broken' is not one of"),
+    ({"outcome": "stale"}, "outcome 'stale' is not one of"),  # marks a finding; no finding can predict it
+    ({"outcome": "unexercised"}, "outcome 'unexercised' is not one of"),
     ({"releases": ">>0.1"}, "not a PEP 440 specifier"),
 ])
 def test_malformed_entries_are_rejected(tmp_path, entry, message):

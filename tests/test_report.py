@@ -384,6 +384,69 @@ def test_since_names_appeared_and_vanished_geometries_and_backends_and_gone_stal
     assert not ch["new_failures"] and not ch["fixes"] and not ch["geometries_vanished"]
 
 
+UNEXERCISED_SAID = ("known finding builtin#3 (differs: reads the scale as data) not exercised, none of its examples "
+                    "ran: 1 unsupported (first: fp8 caches are not read)")
+
+
+def unexercised_run(root, releases=("0.33.0",)):
+    """A GREEN run whose only fp8 example was refused over the geometry of a known finding, unexercised there."""
+    for release in releases:
+        add(root, release, "packed:B.H.N.C", "bit-identical", check="split-agrees")
+        add(root, release, "packed:B.H.N.C@fp8_e4m3", "unsupported", check="split-agrees",
+            diagnosis="fp8 caches are not read")
+        add(root, release, "*@fp8_e4m3", "unexercised", check="split-agrees", known="builtin#3",
+            diagnosis=UNEXERCISED_SAID)
+    return root
+
+
+def test_unexercised_findings_are_counted_in_the_verdict_and_listed_in_their_own_section(tmp_path):
+    root = tmp_path / "results"
+    data = fold(unexercised_run(root, ("0.32.0", "0.33.0")))
+    # Never red, never a plain GREEN: the count says a known finding was not checked; one finding in two releases.
+    assert data["verdict"] == "GREEN: no new findings in 2 releases; 1 unexercised known finding"
+    assert [(u["known"], u["release"]) for u in data["unexercised_findings"]] == [("builtin#3", "0.32.0"),
+                                                                                 ("builtin#3", "0.33.0")]
+    assert not data["new_findings"] and not data["known_findings"] and not data["stale_findings"]
+    # No check's outcome: counted in its cell under its own mark, no key of its own, no class to any key.
+    assert data["checks"]["builtin"]["0.33.0"]["split-agrees"] == {"unsupported": 1, "unexercised": 1,
+                                                                   "bit-identical": 1}
+    assert cells.cell({"unsupported": 1, "unexercised": 1, "bit-identical": 1}).face == "1/3"
+    assert [m.glyph for m, _ in cells.cell({"unexercised": 1}).others] == ["◇"]
+    assert not [k for k in data["keys"] if k[4] == "*@fp8_e4m3"]
+    assert {k[6] for k in data["keys"]} == {"pass", "not run"}
+    md, html = report_md(data), report_html(data)
+    assert f"**{data['verdict']}**" in md
+    stale = md.split(f"## {sections.STALE_TITLE}\n\n", 1)[1].split("\n\n", 1)[0]
+    assert stale == "none"
+    listed = md.split(f"## {sections.UNEXERCISED_TITLE}\n\n", 1)[1].split("\n\n", 1)[0]
+    assert listed == f"- builtin#3: split-agrees on all 2 releases (0.32.0–0.33.0): {UNEXERCISED_SAID}"
+    tree = ET.fromstring(html)
+    assert ["".join(li.itertext()) for li in tree.find(".//ul[@id='unexercised']")] == [listed[2:]]
+    add(root, "0.33.0", "packed:B.H.N.C", "differs", check="bit-identity")
+    assert fold(root)["verdict"] == "RED: 1 new finding in 1 release; 1 unexercised known finding"
+
+
+def test_with_no_unexercised_finding_the_verdict_says_nothing_of_them_and_the_section_none(tmp_path):
+    root = tmp_path / "results"
+    add(root, "0.33.0", "packed:B.H.N.C", "bit-identical")
+    data = fold(root)
+    assert data["verdict"] == "GREEN: no new findings in 1 release" and data["unexercised_findings"] == []
+    assert f"## {sections.UNEXERCISED_TITLE}\n\nnone\n" in report_md(data)
+    tree = ET.fromstring(report_html(data))
+    assert ["".join(li.itertext()) for li in tree.find(".//ul[@id='unexercised']")] == ["none"]
+
+
+def test_since_names_known_findings_gone_unexercised(tmp_path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    add(old, "0.33.0", "packed:B.H.N.C@fp8_e4m3", "differs", check="split-agrees", known="builtin#3")
+    assert main([str(merged(old)), "--out", str(tmp_path / "o")]) == 0
+    data = report_data(results.read(merged(unexercised_run(new))), since=tmp_path / "o" / "report.json")
+    assert [(p["release"], p["name"]) for p in data["changes"]["gone_unexercised"]] == [
+        ("0.33.0", "builtin#3 (split-agrees)")]
+    assert not data["changes"]["gone_stale"] and not data["changes"]["new_failures"]
+    assert "### Known findings gone unexercised\n\n- builtin · builtin#3 (split-agrees) · 0.33.0" in report_md(data)
+
+
 @pytest.mark.parametrize("content, says", [
     (None, "cannot read it"),
     ("{not json", "not a report.json (not JSON"),

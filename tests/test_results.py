@@ -120,6 +120,27 @@ def test_a_narrower_re_run_replaces_what_it_re_ran_and_keeps_the_rest(tmp_path):
         ("Y", "drift", "")]
 
 
+def test_an_unexercised_line_goes_when_a_later_run_checks_an_item_its_finding_covers(tmp_path):
+    fp8 = dict(check="split-agrees", geometry="packed:B.H.N.C@fp8_e4m3")
+    mark = dict(known="builtin#1", check="split-agrees", geometry="*@fp8_e4m3", sparsity="*")
+    run_of(tmp_path, "Y", result(outcome="unsupported", case="a", **fp8), result(outcome="unexercised", **mark))
+    run_of(tmp_path, "X", result(case="b", check="split-agrees"))  # covers nothing of the finding: the line stays
+    assert ("Y", "unexercised") in {(r.run, r.outcome) for r in results.read(tmp_path)}
+    # Re-checked: gone, whatever that run says of the finding (its own line, stale or unexercised, replaces it).
+    assert str(run_of(tmp_path, "Z", result(case="c", **fp8))) == (
+        "0.30.0: 1 line of run Z replaced 2 of run Y; 1 line of run X kept (not re-checked)")
+    run_of(tmp_path, "W", result(outcome="unexercised", **mark))  # one finding's lines are one item: replaced alike
+    merged = run_of(tmp_path, "V", result(outcome="stale", **mark))
+    assert merged.replaced == (("W", 1),)
+    assert "unexercised" not in {r.outcome for r in results.read(tmp_path)}
+
+
+def test_unexercised_is_no_outcome_a_known_finding_can_predict():
+    assert "unexercised" not in results.OUTCOMES and "stale" not in results.OUTCOMES
+    assert not results.Word.UNEXERCISED.passing
+    assert set(results.NOT_RAN) < set(results.OUTCOMES)
+
+
 @pytest.mark.parametrize("other", [dict(backends=("FLASHINFER",)), dict(cache_dtype="fp8_e4m3"),
                                    dict(sparsity="nm-2:4"), dict(geometry="*"), dict(check="determinism"),
                                    dict(subject="offloader")])

@@ -151,12 +151,13 @@ def test_a_narrower_run_keeps_the_earlier_runs_other_lines_and_says_stale_of_its
         plain = run("W")  # runs nothing: what an item of split-agrees draws
         n = checks.CHEAP_FACTOR + len(checks.resolve(checks.SPLIT_AGREES.explicit)(targeting.targets(plain)[0].contract,
                                                                                    plain.sizes))  # lines per item
-        narrower = run("X", 0)  # the finding covers Y's kept lines only: nothing of this run, so not stale here
+        narrower = run("X", 0)  # the finding covers Y's kept lines only: this run checked none of it, unexercised
         assert f"  merged: 0.25.1: {n} lines of run X replaced {n} of run Y; {n} lines of run Y kept " \
                "(not re-checked)" in narrower.sink.summary(narrower.releases, [], [])
         rows = results.read(tmp_path / "results", "0.25.1")
         assert {(r.run, r.geometry, r.outcome.value) for r in rows} == {("X", g0, "bit-identical"),
-                                                                         ("Y", g1, "bit-identical")}
+                                                                         ("Y", g1, "bit-identical"),
+                                                                         ("X", g1, "unexercised")}
         run("Z", 1)  # re-checks what the finding covers: stale, of this run's lines
         rows = results.read(tmp_path / "results", "0.25.1")
         assert [(r.run, r.known) for r in rows if r.outcome == "stale"] == [("Z", "builtin#1")]
@@ -176,4 +177,13 @@ def test_the_kernel_checks_say_why_they_take_no_diff_kv_cache_naming_the_head_si
     [line] = [r.diagnosis for r in rows if r.check == checks.KV_CHECKS.name]
     assert (f"{len(diff_kv)} geometries ({', '.join(diff_kv)}): the subject's forwards take one "
             "head size for K and V, while a diff-KV cache has two (its examples draw head sizes K 64 / V 32 or "
-            "K 80 / V 48)") in line, line
+            "K 64 / V 96 or K 80 / V 48)") in line, line
+
+
+def test_the_header_names_the_cache_dtypes_a_release_lists_that_kvconform_does_not_model(tmp_path):
+    s = sessions.start("builtin", ["0.25.1", "0.19.1"], fixtures.ROOT, tmp_path / "results", tmp_path,
+                       findings.DIRECTORY, "cpu", "t", "")
+    new, old = coverage.coverage(s)[:2]
+    assert ("cache dtypes its backends list that kvconform does not model (no contract recorded): "
+            "int4_per_token_head (TRITON_ATTN), int8_per_token_head (TRITON_ATTN)") in new
+    assert "does not model" not in old

@@ -13,15 +13,14 @@ from collections import Counter
 from dataclasses import dataclass
 
 from harness import checks, timings
-from harness.results import PASSING, STALE
+from harness.results import NOT_RAN, PASSING, STALE, UNEXERCISED
 
 # Worst first: what a reader must see before anything else in a cell.
 SEVERITY = ("harness-error", "install-error", "contract-error", "subject-error", "timeout", "differs", "accepted",
-            "unsupported", "not-run", "skipped", "not-applicable", STALE, "bit-identical", "within-tolerance",
-            "rejected")
+            "unsupported", "not-run", "skipped", "not-applicable", UNEXERCISED, STALE, "bit-identical",
+            "within-tolerance", "rejected")
 ERRORS = SEVERITY[:5]
 FAILURES = ("differs", "accepted")
-NOT_RAN = ("unsupported", "not-run", "skipped", "not-applicable")
 
 # Outcome classes, worst first: a set of lines has the class of its worst line (a key whose examples partly passed and
 # partly were unsupported passed; one failing example among passes failed).
@@ -29,6 +28,8 @@ ERROR_CLASS, FAIL_CLASS, KNOWN_CLASS, PASS_CLASS, NOT_RUN_CLASS = CLASSES = ("er
                                                                              "not run")
 FAILING = (ERROR_CLASS, FAIL_CLASS)  # a new finding: what turns a cell and the verdict red
 STALE_CLASS = "stale"  # a known finding that applied and did not happen: listed apart, never a check's class
+UNEXERCISED_CLASS = "unexercised"  # a known finding none of whose examples ran: listed apart, never a check's class
+FINDING_CLASSES = (STALE_CLASS, UNEXERCISED_CLASS)  # the classes of the lines that mark a known finding, no outcome
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,12 @@ NOT_RUN = Mark("–", "not-run", "the split reads other elements")
 SKIPPED = Mark("○", "skipped", "could not run here")
 NOT_APPLICABLE = Mark("∅", "not-applicable", "the subject does not declare what the check needs")
 STALE_MARK = Mark("◌", "stale", "a known finding did not happen")
+UNEXERCISED_MARK = Mark("◇", "unexercised", "none of a known finding's examples ran")
 PASS = Mark("✓", "pass", "bit-identical, no drift, agrees, within tolerance, rejected as documented")
-MARKS = (ERROR, FAIL, KNOWN, UNSUPPORTED, NOT_RUN, SKIPPED, NOT_APPLICABLE, STALE_MARK, PASS)
+MARKS = (ERROR, FAIL, KNOWN, UNSUPPORTED, NOT_RUN, SKIPPED, NOT_APPLICABLE, UNEXERCISED_MARK, STALE_MARK, PASS)
 _MARK_OF = {**dict.fromkeys(ERRORS, ERROR), **dict.fromkeys(FAILURES, FAIL), "unsupported": UNSUPPORTED,
-            "not-run": NOT_RUN, "skipped": SKIPPED, "not-applicable": NOT_APPLICABLE, STALE: STALE_MARK,
-            **dict.fromkeys(PASSING, PASS)}
+            "not-run": NOT_RUN, "skipped": SKIPPED, "not-applicable": NOT_APPLICABLE, UNEXERCISED: UNEXERCISED_MARK,
+            STALE: STALE_MARK, **dict.fromkeys(PASSING, PASS)}
 KNOWN_SUFFIX = " [known]"
 
 # A performance line's words, worst first: a new finding (what fails `nox -s bench`) before a known one, a stale known
@@ -67,7 +69,7 @@ _PERFORMANCE_MARK = {timings.SLOWER: FAIL, timings.NOT_TIMED: NOT_TIMED, timings
 
 def word(outcome: str, known: str) -> str:
     """A line's word in a cell: its outcome, marked ` [known]` when a known finding predicted it."""
-    return f"{outcome}{KNOWN_SUFFIX}" if known and outcome != STALE else outcome
+    return f"{outcome}{KNOWN_SUFFIX}" if known and outcome not in (STALE, UNEXERCISED) else outcome
 
 
 def rank(w: str) -> tuple[int, str]:
@@ -105,11 +107,14 @@ def says(check: str, w: str) -> str:
 
 
 def outcome_class(w: str) -> str:
-    """The class of a cell word: error, fail, known, pass or not run (stale for a stale known finding)."""
+    """The class of a cell word: error, fail, known, pass or not run (stale or unexercised for a line marking a known
+    finding)."""
     if w.endswith(KNOWN_SUFFIX):
         return KNOWN_CLASS
     if w == STALE:
         return STALE_CLASS
+    if w == UNEXERCISED:
+        return UNEXERCISED_CLASS
     if w in PASSING:
         return PASS_CLASS
     if w in FAILURES:
@@ -123,8 +128,9 @@ def worst(classes) -> str:
 
 
 def class_of(counts: dict[str, int]) -> str:
-    """The class of a set of lines given as word counts (stale lines do not count: they are no check's outcome)."""
-    return worst(c for w in counts if (c := outcome_class(w)) != STALE_CLASS)
+    """The class of a set of lines given as word counts (stale and unexercised lines do not count: they are no check's
+    outcome)."""
+    return worst(c for w in counts if (c := outcome_class(w)) not in FINDING_CLASSES)
 
 
 def marks(counts: dict[str, int]) -> list[tuple[Mark, int]]:

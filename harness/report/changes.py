@@ -4,7 +4,7 @@ key.
 New failures are keys that fail (fail or error) now and did not before (passed, were known, not run, or did not
 exist); fixes are keys that failed and pass now. Geometries and backends appeared or vanished per subject and release,
 within the releases both reports have (a subject or release only one has is listed as such). Known findings gone
-stale: stale now, not stale before.
+stale (unexercised): stale (unexercised) now, not before.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ class Changes:
     backends_appeared: tuple[Presence, ...]
     backends_vanished: tuple[Presence, ...]
     gone_stale: tuple[Presence, ...]  # name: "<known id> (<check>)"
+    gone_unexercised: tuple[Presence, ...]  # as gone_stale
 
 
 def load(path: Path) -> dict:
@@ -98,8 +99,9 @@ def _grouped(found: list[tuple[Key, str, str]], repros: dict[Key, str]) -> tuple
     return tuple(sorted(out, key=lambda c: (c.subject, c.release, c.check, c.geometry, c.cache_dtype)))
 
 
-def _stale(data: dict) -> set[tuple[str, str, str]]:
-    return {(s["subject"], s["release"], f"{s['known']} ({s['check']})") for s in data.get("stale_findings", [])}
+def _marked(data: dict, field: str) -> set[tuple[str, str, str]]:
+    """The known findings a report's `field` (stale_findings, unexercised_findings) lists, per subject and release."""
+    return {(s["subject"], s["release"], f"{s['known']} ({s['check']})") for s in data.get(field, [])}
 
 
 def compare(old: dict, new: dict, since: Path) -> Changes:
@@ -139,4 +141,5 @@ def compare(old: dict, new: dict, since: Path) -> Changes:
         releases_vanished=tuple(r for r in order if r in old_releases - new_releases),
         geometries_appeared=diff(geo_new, geo_old), geometries_vanished=diff(geo_old, geo_new),
         backends_appeared=diff(be_new, be_old), backends_vanished=diff(be_old, be_new),
-        gone_stale=diff(_stale(new), _stale(old)))
+        gone_stale=diff(_marked(new, "stale_findings"), _marked(old, "stale_findings")),
+        gone_unexercised=diff(_marked(new, "unexercised_findings"), _marked(old, "unexercised_findings")))

@@ -18,7 +18,7 @@ from harness import api_history, checks
 from harness.matrix import version_key
 from harness.report import cells, changes, keys
 from harness.report.lone_failures import BACKEND, CACHE_DTYPE, RELEASE, lone_failures
-from harness.results import STALE, Result
+from harness.results import STALE, UNEXERCISED, Result
 from harness.timings import SLOWER, WITHIN, Timing
 from harness.words import count
 
@@ -29,9 +29,10 @@ RUNS_NAMED = 4  # runs the verdict names; more are counted there and listed unde
 
 
 def verdict(data: dict) -> str:
-    """RED with how many new findings in how many releases, or GREEN: known and stale findings never make it red;
-    with no result line at all (the performance lane's lines only), NO CONFORMANCE RESULTS, never GREEN. Folded from
-    more than one run, it names them (up to RUNS_NAMED; more are counted, and listed under Runs)."""
+    """RED with how many new findings in how many releases, or GREEN: known, stale and unexercised findings never
+    make it red, but the unexercised ones are counted after it (a refusal must not read as a plain GREEN); with no
+    result line at all (the performance lane's lines only), NO CONFORMANCE RESULTS, never GREEN. Folded from more
+    than one run, it names them (up to RUNS_NAMED; more are counted, and listed under Runs)."""
     new = data["new_findings"]
     where = {r["release"] for r in new}
     checked = {rel for r in data["runs"] for rel in r["releases"]}  # a release only benched was never checked
@@ -42,6 +43,8 @@ def verdict(data: dict) -> str:
         said = f"GREEN: no new findings in {count(len(checked), 'release')}"
     else:
         said = f"RED: {count(len(new), 'new finding')} in {count(len(where), 'release')}"
+    if unexercised := {(r["subject"], r["known"]) for r in data["unexercised_findings"]}:
+        said += f"; {count(len(unexercised), 'unexercised known finding')}"
     folded = data["runs"]
     if len(folded) <= 1:
         return said
@@ -96,7 +99,7 @@ def report_data(rows: list[Result], since: Path | None = None, left_out: Iterabl
         origins[(r.subject, r.release)].append(r)
     new = [r for r in rows if cells.outcome_class(cells.word(r.outcome.value, r.known)) in cells.FAILING]
     known = Counter((r.known, r.release, r.geometry, r.check, r.outcome)
-                    for r in rows if r.known and r.outcome != STALE)
+                    for r in rows if r.known and r.outcome not in (STALE, UNEXERCISED))
     unsupported = Counter((r.subject, r.diagnosis) for r in rows if r.outcome == "unsupported")
     releases = sorted({r.release for r in rows} | {t.release for t in timings}, key=version_key)
     first: dict[str, int] = {}  # a family's or geometry's first release: read in the order vLLM introduced them
@@ -135,6 +138,7 @@ def report_data(rows: list[Result], since: Path | None = None, left_out: Iterabl
         "known_findings": [dict(zip(("id", "release", "geometry", "check", "outcome"), k), count=n)
                            for k, n in sorted(known.items())],
         "stale_findings": [_plain(r) for r in rows if r.outcome == STALE],
+        "unexercised_findings": [_plain(r) for r in rows if r.outcome == UNEXERCISED],
         "unsupported": [{"subject": s, "reason": d, "count": n} for (s, d), n in unsupported.most_common()],
     }
     classes = keys.classes(data["rows"])

@@ -41,7 +41,8 @@ td.c{cursor:pointer}td.c.dim{opacity:.25}td.c:hover{outline:2px solid #333}
 .error{background:#b71c1c;color:#fff}.fails{background:#e53935;color:#fff}.known{background:#b2dfdb;color:#004d40}
 .unsupported{background:#d7d7d7;color:#333}.not-run{background:#e4e4e4;color:#444}
 .skipped{background:#f0f0f0;color:#777}.not-applicable{background:#fff;color:#999}
-.stale{background:#ffe082;color:#5d4000}.pass{background:#c8e6c9;color:#1b5e20}
+.stale{background:#ffe082;color:#5d4000}.unexercised{background:#ffcc80;color:#5d2c00}
+.pass{background:#c8e6c9;color:#1b5e20}
 .not-timed{background:#e53935;color:#fff}.bench-verdict{color:#c62828;font-weight:600;margin:6px 0}
 td.red{background:#e53935;color:#fff}td.red .m{border:1px solid #fff}
 .filters{position:sticky;top:0;background:#fff;padding:6px 0;border-bottom:1px solid #ddd;z-index:1}
@@ -295,8 +296,11 @@ def report_html(data: dict) -> str:
     out.append("<h2>Known findings (green, reported)</h2><ul>" + ("".join(
         f"<li>{_h(i)}: {_h(c)} {_h(o)} on {_h(rs)}, x{n:,}</li>" for i, c, o, rs, n in sections.known(data))
         or "<li>none</li>") + "</ul>")
-    out.append("<h2>Stale known findings (applied, did not happen: remove or narrow them)</h2><ul>" + ("".join(
+    out.append(f"<h2>{_h(sections.STALE_TITLE)}</h2><ul>" + ("".join(
         f"<li>{_h(i)}: {_h(c)} on {_h(rs)}</li>" for i, c, rs in sections.stale(data)) or "<li>none</li>") + "</ul>")
+    out.append(f'<h2>{_h(sections.UNEXERCISED_TITLE)}</h2><ul id="unexercised">' + ("".join(
+        f"<li>{_h(i)}: {_h(c)} on {_h(rs)}: {_h(d)}</li>" for i, c, rs, d in sections.unexercised(data))
+        or "<li>none</li>") + "</ul>")
     out.append("<h2>Unsupported (the subject's reasons)</h2><ul>" + ("".join(
         f"<li>{_h(u['subject'])}: {_h(u['reason'])} x{u['count']:,}</li>" for u in data["unsupported"])
         or "<li>none</li>") + "</ul>")

@@ -30,8 +30,8 @@ def classes(rows: list[dict]) -> dict[Key, str]:
     out: dict[Key, list[str]] = defaultdict(list)
     for row in rows:
         cls = cells.class_of(row["counts"])
-        if all(cells.outcome_class(w) == cells.STALE_CLASS for w in row["counts"]):
-            continue  # a stale finding's line: no check's outcome
+        if all(cells.outcome_class(w) in cells.FINDING_CLASSES for w in row["counts"]):
+            continue  # a stale or unexercised finding's line: no check's outcome
         for backend in row["backends"] or [""]:
             out[Key(row["subject"], row["release"], backend, row["cache_dtype"], row["geometry"],
                     row["check"])].append(cls)

@@ -1,7 +1,7 @@
 """What the report's sections say, the same in report.md and report.html: the new findings by kind, what changed
 since the previous report, the failures only one release, backend or cache dtype has, the runs folded, the known,
-stale and unsupported findings, the backends, the words a matrix's columns, rows and cells are read by, and the
-performance lane's column, section and line under the verdict.
+stale, unexercised and unsupported findings, the backends, the words a matrix's columns, rows and cells are read by,
+and the performance lane's column, section and line under the verdict.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ SHOWN = 20  # entries per list of changes or lone failures on the page; all of t
 API_TITLE = "Layout API changes: what a consumer can call"
 API_NOTE = ("Against the recorded release before each release here: names of vLLM's layout modules and backend members "
             "that appeared, disappeared or changed signature or value (every release's: docs/releases.md).")
+STALE_TITLE = "Stale known findings (applied, did not happen: remove or narrow them)"
+UNEXERCISED_TITLE = ("Unexercised known findings (none of their examples ran: every one unsupported, not run, skipped "
+                     "or not applicable, or none selected; neither confirmed nor stale)")
 RUNS_HEAD = ("run", "subject", "contracts from", "releases", "lines", "checks", "written")
 BENCH_COLUMN = "paged / dense (bench)"
 BENCH_TITLE = "Performance (nox -s bench: paged / dense)"
@@ -120,6 +123,15 @@ def stale(data: dict) -> list[tuple[str, str, str]]:
     return [(k, c, span(rs, data["releases"])) for (k, c), rs in sorted(by.items())]
 
 
+def unexercised(data: dict) -> list[tuple[str, str, str, str]]:
+    """Unexercised findings as (id, check, releases, diagnosis: what their examples were instead), one line per known
+    finding, check and diagnosis."""
+    by: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    for r in data["unexercised_findings"]:
+        by[(r["known"], r["check"], r["diagnosis"])].append(r["release"])
+    return [(k, c, span(rs, data["releases"]), d) for (k, c, d), rs in sorted(by.items())]
+
+
 @dataclass(frozen=True)
 class Item:
     """One entry of a list on the page (a change, a failure only one release has): its text and its REPRO line."""
@@ -172,7 +184,8 @@ def change_sections(data: dict) -> list[Section]:
            _shown("Geometries vanished", presences(ch["geometries_vanished"])),
            _shown("Backends appeared", presences(ch["backends_appeared"])),
            _shown("Backends vanished", presences(ch["backends_vanished"])),
-           _shown("Known findings gone stale", presences(ch["gone_stale"]))]
+           _shown("Known findings gone stale", presences(ch["gone_stale"])),
+           _shown("Known findings gone unexercised", presences(ch["gone_unexercised"]))]
     return [s for s in out if s.items]
 
 

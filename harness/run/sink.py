@@ -1,16 +1,19 @@
 """Where a run's result lines go: written per process, merged per release at the end, the known findings that
-did not happen marked stale, and the summary printed after the run."""
+did not happen marked stale (or unexercised, when none of their examples ran), and the summary printed after the
+run."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import threading
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 
-from harness import compiles, costs, results
+from harness import compiles, costs, findings, results
 from harness.results import Word
 from harness.run.releases import ReleaseContracts
 
@@ -93,33 +96,42 @@ class Sink:
 
     def merge(self, releases: list[ReleaseContracts]) -> None:
         """Merge this run's per-process result files per release (what each merge did goes to the summary), then
-        mark the known findings that did not happen in this run."""
+        mark the known findings that did not happen in this run, or were not exercised."""
         for r in releases:
             if results.release_dir(self.results_dir, r.release).is_dir():
                 merged = results.merge(self.results_dir, r.release, self.run + "-")
                 if merged.added:
                     self.merged[r.release] = str(merged)
-                    self._mark_stale(r)
+                    self._mark_findings(r)
 
-    def _mark_stale(self, r: ReleaseContracts) -> None:
+    def _mark_findings(self, r: ReleaseContracts) -> None:
+        """One line per known finding of release `r` (in its range, a geometry of the release matching its glob)
+        that did not happen: stale when some of its examples ran, unexercised when none did (each unsupported, not
+        run, skipped or not applicable, or none selected), so that a refusal never hides a finding."""
         # Done on merged results: with xdist a finding may apply on one worker and happen on another. This run's lines
         # only: the lines an earlier run left (items not re-checked) say nothing of what happened in this one.
-        rows = [x for x in results.read(self.results_dir, r.release)
-                if x.subject == self.subject_name and x.run == self.run]
+        rows = [x for x in results.read(self.results_dir, r.release) if x.subject == self.subject_name
+                and x.run == self.run and x.outcome not in (Word.STALE, Word.UNEXERCISED)]
         happened = {x.known for x in rows if x.known}
+        # The lines name geometries no contract has: the oracle's "dense", a relayout's pair, "*" (whole release).
+        geometries = {c.name for c in r.contracts} | {x.geometry for x in rows}
         for f in self.findings:
-            applied = any(f.applies(x.release, x.geometry, x.sparsity, x.check)
-                          and x.outcome not in (Word.UNSUPPORTED, Word.NOT_APPLICABLE) for x in rows)
-            if applied and f.id not in happened:
-                results.append(self.results_dir, results.Result(
-                    run=self.run, release=r.release, source=r.source, subject=self.subject_name, geometry=f.geometry,
-                    check=f.check, sparsity=f.sparsity, outcome=Word.STALE, known=f.id,
-                    diagnosis=f"known finding {f.id} ({f.outcome}: {f.reason}) applied but did not happen"))
+            if f.id in happened or not (covers(f, r.release) and any(fnmatchcase(g, f.geometry) for g in geometries)):
+                continue
+            examples = [x for x in rows if speaks_of(f, x)]
+            if any(x.outcome.value not in results.NOT_RAN for x in examples):
+                word, said = Word.STALE, "applied but did not happen"
+            else:
+                word, said = Word.UNEXERCISED, f"not exercised, none of its examples ran: {instead(f, examples, rows, r)}"
+            results.append(self.results_dir, results.Result(
+                run=self.run, release=r.release, source=r.source, subject=self.subject_name, geometry=f.geometry,
+                check=f.check, sparsity=f.sparsity, outcome=word, known=f.id,
+                diagnosis=f"known finding {f.id} ({f.outcome}: {f.reason}) {said}"))
 
     def summary(self, releases: list[ReleaseContracts], head: list[str], coverage: list[str], slowest: int = 3) -> list[str]:
         """The run's id and `head` (the warm-up's lines), one line per process and per release, of this run's
-        result lines only ("not run" for a release it recorded nothing of), stale known findings, the `coverage`
-        lines, and the `slowest` examples of each check with their times."""
+        result lines only ("not run" for a release it recorded nothing of), stale and unexercised known findings, the
+        `coverage` lines, and the `slowest` examples of each check with their times."""
         lines = [f"kvconform run {self.run}"] + head
         for name, w in sorted(self.workers.items()):
             busy = sum(v for c in w.get("costs", {}).values() for k, v in c.items() if k in costs.PHASES) if w else 0
@@ -131,10 +143,13 @@ class Sink:
             path = results.release_dir(self.results_dir, r.release) / "results.jsonl"
             rows = [x for x in (results.read(self.results_dir, r.release) if path.exists() else [])
                     if x.run == self.run]
-            if all(x.outcome == Word.NOT_APPLICABLE for x in rows):
-                na = f"; {len(rows)} not-applicable" if rows else ""
+            marked = [f"  {x.outcome.value.upper()} {x.known}: {x.diagnosis}" for x in rows
+                      if x.outcome in (Word.STALE, Word.UNEXERCISED)]
+            if all(x.outcome in (Word.NOT_APPLICABLE, Word.UNEXERCISED) for x in rows):
+                na = sum(x.outcome == Word.NOT_APPLICABLE for x in rows)
                 lines.append(f"kvconform {r.release} ({r.source}) {self.subject_name}: not run (this run checked "
-                             f"nothing of it{na})")
+                             f"nothing of it{f'; {na} not-applicable' if na else ''})")
+                lines += marked  # a known finding it hid is said all the same
                 continue
             ran += rows
             counts: dict[str, int] = {}
@@ -143,7 +158,7 @@ class Sink:
             lines.append(f"kvconform {r.release} ({r.source}) {self.subject_name}: "
                          + ", ".join(f"{n} {word}" for word, n in sorted(counts.items())) + f" -> {path}")
             lines += [f"  merged: {self.merged[r.release]}"] if r.release in self.merged else []
-            lines += [f"  STALE {x.known}: {x.diagnosis}" for x in rows if x.outcome == results.STALE]
+            lines += marked
         lines += [f"kvconform {line}" for line in coverage]
         lines += [f"kvconform {line}" for line in costs.lines(costs.merged(
             [w["costs"] for w in self.workers.values() if w and "costs" in w]))]
@@ -156,3 +171,30 @@ class Sink:
             lines.append(f"kvconform slowest {check}: " + "; ".join(
                 f"{x.seconds:.2f} s {x.release} {x.geometry} {x.case} ({x.outcome.value})" for x in top))
         return lines
+
+
+def covers(f: findings.Finding, release: str) -> bool:
+    """Whether `release` is in the known finding's range (its geometry, sparsity and check globs aside)."""
+    return replace(f, geometry="*", sparsity="*", check="*").applies(release, "*", "*", "*")
+
+
+def speaks_of(f: findings.Finding, x: results.Result) -> bool:
+    """Whether a line of a release in `f`'s range is one of its examples: a line `f` applies to, or a whole-release
+    line of a check it covers (geometry or sparsity "*": e.g. not-applicable), which speaks of every item there."""
+    return fnmatchcase(x.check, f.check) and all(value == "*" or fnmatchcase(value, glob)
+                                                 for value, glob in ((x.geometry, f.geometry), (x.sparsity, f.sparsity)))
+
+
+def instead(f: findings.Finding, examples: list[results.Result], rows: list[results.Result],
+            r: ReleaseContracts) -> str:
+    """What a known finding's examples that did not run were, each word counted with its first reason; with none,
+    why there were none."""
+    if examples:
+        counts = Counter(x.outcome.value for x in examples)
+        first = {w: next((x.diagnosis for x in examples if x.outcome.value == w and x.diagnosis), "") for w in counts}
+        return ", ".join(f"{n:,} {w}" + (f" (first: {first[w]})" if first[w] else "") for w, n in counts.most_common())
+    if r.error:
+        return f"its contracts could not be read ({r.error})"
+    if not any(fnmatchcase(x.check, f.check) for x in rows):
+        return f"no item of check {f.check} selected in this run"
+    return f"no item of check {f.check} over geometry {f.geometry}, sparsity {f.sparsity} selected in this run"
