@@ -7,7 +7,7 @@ layout setting in force) and vLLM's own API, as they would inside vLLM.
   has no `get_kv_cache_shape` (the KVCacheLayout releases) it reads the layer's view as [B, H, N, C], as the enum's
   docstring states for model-dtype caches, and an nvfp4 cache as [B, 2H, N, D], K's heads then V's, as FlashInfer's
   NVFP4 spec allocates it. C holds K's stored row (layer.head_size values, then an inline scale where the cache
-  dtype keeps one), then V's (layer.head_size_v values: a diff-KV backend's V is narrower than K).
+  dtype keeps one), then V's (layer.head_size_v values: a diff-KV backend's V may be narrower or wider than K).
 - `BlocksFirstConnector` calls `get_kv_cache_shape` once at num_blocks 1: a first axis of 1 is blocks-first
   [B, 2, N, H, D], anything else kv-first [2, B, N, H, D].
 - `ShapeSniffingReader` asks nothing: a first axis of size 2 is kv-first, 4 axes are packed [B, H, N, 2D].

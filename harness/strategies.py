@@ -13,7 +13,8 @@ so the sizes that make a shape ambiguous are drawn on purpose:
 - block_size == head_dim (`block_sizes`, twice as often as another block size; CPU 64 and GPU 128 are each both a
   head dim and a block size): tokens and head dim swap unseen;
 - 2 layers of a shared allocation (`layers`): the layer axis is as long as the K/V axis;
-- on a diff-KV contract, V's head dim unlike K's (`examples`, from `Sizes.diff_kv_dims`): C is not two halves.
+- on a diff-KV contract, V's head dim unlike K's, narrower and wider (`examples`, from `Sizes.diff_kv_dims`): C is
+  not two halves, and a V read at K's width is cut short only where V is wider.
 `ambiguous` builds the explicit examples where all of these coincide at once; every check that hands a subject a
 cache (harness.checks) runs them first on every target, then the generated ones.
 
@@ -62,8 +63,9 @@ def alike() -> Iterator[None]:
 @dataclass(frozen=True)
 class Sizes:
     """The fixed compile-time sets and the runtime size limits one device can afford. `diff_kv_dims` are the (K's,
-    V's) head dims of diff-KV examples, V's unlike K's as the diff-KV backends are used; the checks that take
-    diff-KV caches launch no kernel, so they need not be kernel head dims."""
+    V's) head dims of diff-KV examples, V's unlike K's as the diff-KV backends are used, narrower and wider (a
+    consumer that assumes one side is wrong only on the other); the checks that take diff-KV caches launch no
+    kernel, so they need not be kernel head dims."""
 
     head_dims: tuple[int, ...]
     block_sizes: tuple[int, ...]
@@ -83,27 +85,36 @@ class Sizes:
         if AMBIGUOUS_KV_HEADS not in self.kv_heads:
             raise ValueError(f"kv_heads {self.kv_heads} lack {AMBIGUOUS_KV_HEADS}")
         same = [p for p in self.diff_kv_dims if p[0] == p[1]]
-        if same or self.coinciding not in dict(self.diff_kv_dims):
+        vs = [v for k, v in self.diff_kv_dims if k == self.coinciding]
+        if same or not vs or not min(vs) < self.coinciding < max(vs):
             raise ValueError(f"diff_kv_dims {self.diff_kv_dims} must pair K's head dim with another V head dim "
-                             f"(equal: {same}) and hold K's head dim {self.coinciding} (a head dim and a block size)")
+                             f"(equal: {same}) and hold K's head dim {self.coinciding} (a head dim and a block size) "
+                             f"with a narrower and a wider V (has {vs})")
 
     @property
     def coinciding(self) -> int:
         """The smallest size that is both a head dim and a block size."""
         return min(set(self.head_dims) & set(self.block_sizes))
 
+    @property
+    def coinciding_v_dims(self) -> tuple[int, int]:
+        """V's head dims of the explicit diff-KV examples, whose K's is `coinciding`: the narrowest and the widest."""
+        vs = sorted(v for k, v in self.diff_kv_dims if k == self.coinciding)
+        return vs[0], vs[-1]
+
 
 # CPU interpreter: 80 exercises the masked non-power-of-two head dim; 64 is a head dim and a block size; lengths stay
 # a few pages.
 CPU = Sizes(head_dims=(64, 80), block_sizes=(16, 32, 64), dtypes=("float16", "bfloat16"), kv_heads=(1, 2),
-            groups=(1, 2, 4), nm_groups=(4, 8), max_seqs=3, long_len=100, diff_kv_dims=((64, 32), (80, 48)))
+            groups=(1, 2, 4), nm_groups=(4, 8), max_seqs=3, long_len=100,
+            diff_kv_dims=((64, 32), (64, 96), (80, 48)))
 # H200: realistic shapes (32 heads / 8 kv heads / dim 128, KV up to 8k, batches of 8+). One head dim and one N:M
 # group size: the built-in kernel has ~100 constexpr variants per head dim (dtype, causal, mode, tile, paged, split),
 # each a compile of seconds; the other head dims are covered on the CPU. Diff-KV: K 192 / V 128 as the diff-KV
-# models use it, and K 128 / V 64 at the block size 128.
+# models use it, and K 128 / V 64 and K 128 / V 192 at the block size 128.
 GPU = Sizes(head_dims=(128,), block_sizes=(16, 32, 64, 128), dtypes=("float16", "bfloat16"),
             kv_heads=(1, 2, 8), groups=(1, 4, 8), nm_groups=(4,), max_seqs=12, long_len=8192,
-            diff_kv_dims=((128, 64), (192, 128)))
+            diff_kv_dims=((128, 64), (128, 192), (192, 128)))
 
 SEQUENCE_KINDS = ("prefill", "chunked", "decode")
 SKIP_THRESHOLDS = (0.05, 0.3, 0.7, 0.95)
@@ -263,7 +274,7 @@ def layers(draw, contract: Contract) -> tuple[int, int]:
 
 
 def diff_kv_dims(sizes: Sizes) -> st.SearchStrategy[tuple[int, int]]:
-    """(K's head dim, V's head dim) of a diff-KV example, V's unlike K's."""
+    """(K's head dim, V's head dim) of a diff-KV example, V's narrower or wider than K's."""
     return _sampled(sizes.diff_kv_dims)
 
 
@@ -340,14 +351,14 @@ def examples(draw, contracts: list[Contract], sizes: Sizes, case: st.SearchStrat
 
 def ambiguous(contract: Contract, sizes: Sizes) -> list[Example]:
     """The explicit examples of `contract`, where every size that makes a shape-only reading ambiguous coincides:
-    2 KV heads (GQA), block_size == head_dim (`Sizes.coinciding`; on a diff-KV contract V's head dim its own), 2
-    layers of a shared allocation; at num_blocks 2 with both pages holding tokens, and at num_blocks 3 with the last
-    page holding the one token."""
+    2 KV heads (GQA), block_size == head_dim (`Sizes.coinciding`), 2 layers of a shared allocation; at num_blocks 2
+    with both pages holding tokens, and at num_blocks 3 with the last page holding the one token; on a diff-KV
+    contract V narrower than K in the first and wider in the second (`Sizes.coinciding_v_dims`)."""
     dim = sizes.coinciding
-    head_dim_v = dict(sizes.diff_kv_dims)[dim] if contract.diff_kv else 0
+    v_dims = sizes.coinciding_v_dims if contract.diff_kv else (0, 0)
     count, layer = (2, 1) if contract.layout.shared else (1, 0)
     out = []
-    for blocks, kv_len in ((2, dim + 1), (3, 1)):
+    for (blocks, kv_len), head_dim_v in zip(((2, dim + 1), (3, 1)), v_dims):
         case = Case((1,), (kv_len,), AMBIGUOUS_KV_HEADS * max(sizes.groups), AMBIGUOUS_KV_HEADS, dim, dim,
                     sizes.dtypes[0], seed=blocks)
         out.append(Example(case, contract, blocks, count, layer, "reversed", head_dim_v=head_dim_v))

@@ -4,8 +4,9 @@ says, over every recorded release, and each twin nowhere.
 A rule is stated from the contract (kvconform's model of what the release hands out), the layer (what a consumer is
 handed) and the example's sizes, never from running the consumer: True where the consumer must be caught. Every
 recorded geometry (every release, backend and cache dtype) is checked at the sizes where shapes are ambiguous (2
-KV heads, 2 blocks, block size == head size) and at plainer ones (1 KV head, 5 blocks), each example through the
-check's own function (conformance/), as the suites run it.
+KV heads, 2 blocks, block size == head size) and at plainer ones (1 KV head, 5 blocks), a diff-KV cache's V
+narrower than K at 2 blocks and wider at 5, each example through the check's own function (conformance/), as the
+suites run it.
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ from harness.strategies import Example  # noqa: E402
 from kvconform.suites import test_relayout, test_split, test_transfer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from breakages import (dynamo_12750, flexkv_187, kvcached_424, lmcache_4463, lmcache_4729,  # noqa: E402
-                       nixl_hetero_tp, vllm_49011, vllm_55904)
+from breakages import (diffkv_v_width, dynamo_12750, flexkv_187, fp8_type, kvcached_424,  # noqa: E402
+                       lmcache_4463, lmcache_4729, nixl_hetero_tp, vllm_49011, vllm_55904)
 
 SUITES = {checks.SPLIT_AGREES: test_split.check, checks.TRANSFER: test_transfer.check,
           checks.RELAYOUT: test_relayout.check}
-SIZES = [(kv_heads, blocks) for kv_heads in (2, 1) for blocks in (2, 5)]  # (KV heads, num_blocks); diff-KV: V 32
+SIZES = [(kv_heads, blocks) for kv_heads in (2, 1) for blocks in (2, 5)]  # (KV heads, num_blocks)
 CORNERS = [(2, 2), (1, 5)]  # the most ambiguous sizes and the plainest
 BLOCK = HEAD = 64  # block size == head size
+V_HEAD = {2: 32, 5: 96}  # diff-KV: V's head size by num_blocks, narrower than K's and wider
 
 
 def _shown(c, dims, axes) -> list[str]:
@@ -113,11 +115,17 @@ RULES = {
     (vllm_49011.HeadMajorNvfp4, checks.SPLIT_AGREES):
         lambda layer, c, dims, peer: "S" in c.layout.logical
         and _memory(c, dims) != _shown(c, dims, _heads_outside(c.layout.logical, True)),
+    # C[..., Dk:2*Dk] ends at C's end, so it is V's view unless C runs on past 2*Dk (V wider than K).
+    (diffkv_v_width.VAtKWidth, checks.SPLIT_AGREES):
+        lambda layer, c, dims, peer: "C" in c.layout.logical
+        and views.size(c, "C", dims) > 2 * c.dtype.width(dims.head_dim),
+    (fp8_type.AlwaysE4m3, checks.SPLIT_AGREES): lambda layer, c, dims, peer: c.cache_dtype == "fp8_e5m2",
 }
 TWINS = {lmcache_4463.StatedLayout: checks.SPLIT_AGREES, flexkv_187.AskedKVAxis: checks.SPLIT_AGREES,
          kvcached_424.WithCacheDtype: checks.SPLIT_AGREES, vllm_55904.ViewBlocks: checks.RELAYOUT,
          lmcache_4729.StatedLayout: checks.SPLIT_AGREES, dynamo_12750.ShapeDetected: checks.SPLIT_AGREES,
-         nixl_hetero_tp.StrideOrdered: checks.SPLIT_AGREES, vllm_49011.StatedNvfp4: checks.SPLIT_AGREES}
+         nixl_hetero_tp.StrideOrdered: checks.SPLIT_AGREES, vllm_49011.StatedNvfp4: checks.SPLIT_AGREES,
+         diffkv_v_width.VAtOwnWidth: checks.SPLIT_AGREES, fp8_type.ByCacheDtype: checks.SPLIT_AGREES}
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +140,7 @@ def _examples(target, sizes=SIZES):
     layers = (2, 1) if c.layout.shared or (target.peer is not None and target.peer.layout.shared) else (1, 0)
     for kv_heads, blocks in sizes:
         case = Case((BLOCK + 1,), (BLOCK + 1,), kv_heads, kv_heads, HEAD, BLOCK, "bfloat16", seed=blocks)
-        yield Example(case, c, blocks, *layers, page_order="reversed", head_dim_v=HEAD // 2 if c.diff_kv else 0)
+        yield Example(case, c, blocks, *layers, page_order="reversed", head_dim_v=V_HEAD[blocks] if c.diff_kv else 0)
 
 
 def _verdicts(session, subject, check, sizes=SIZES):

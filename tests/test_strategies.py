@@ -1,6 +1,6 @@
 """The strategies build only valid examples, reach every corner they promise, and keep compile-time values fixed;
-every check that hands a subject a cache runs the ambiguous examples first; diff-KV examples have V's own head dim
-while examples of one head dim serialise as the stored regressions were written."""
+every check that hands a subject a cache runs the ambiguous examples first; diff-KV examples have V's own head dim,
+narrower and wider than K's, while examples of one head dim serialise as the stored regressions were written."""
 
 import dataclasses
 import json
@@ -187,6 +187,8 @@ def test_every_targets_explicit_examples_hold_the_coinciding_sizes(device):
             assert ex.case.head_dim in sizes.block_sizes
             views.validate(c, views.allocate(c, ex.dims, ex.case.torch_dtype, "meta"), ex.dims)
             assert int(ex.paging().block_table.max()) == ex.num_blocks - 1  # the last page holds tokens
+        if c.diff_kv:  # V narrower than K in one, wider in the other
+            assert sorted(ex.head_dim_v > ex.case.head_dim for ex in built) == [False, True], (c.name, built)
         for check in CACHE_CHECKS:
             pairs = checks.resolve(check.explicit)(c, sizes)
             extras = {extra for _, extra in pairs}
@@ -204,8 +206,11 @@ def test_sizes_without_a_coinciding_head_dim_and_block_size_are_refused():
         dataclasses.replace(CPU, kv_heads=(1, 4))
     with pytest.raises(ValueError, match="equal: \\[\\(64, 64\\)\\]"):
         dataclasses.replace(CPU, diff_kv_dims=((64, 64),))
-    with pytest.raises(ValueError, match="hold K's head dim 64"):
+    with pytest.raises(ValueError, match=r"hold K's head dim 64 .* with a narrower and a wider V \(has \[\]\)"):
         dataclasses.replace(CPU, diff_kv_dims=((80, 48),))
+    for one_side in (((64, 32), (80, 96)), ((64, 96), (64, 128))):  # K 64's V only narrower, only wider
+        with pytest.raises(ValueError, match="with a narrower and a wider V"):
+            dataclasses.replace(CPU, diff_kv_dims=one_side)
     assert (CPU.coinciding, GPU.coinciding) == (64, 128)
 
 
@@ -247,6 +252,17 @@ def test_diff_kv_examples_draw_vs_head_dim_unlike_ks_and_round_trip(ex):
 @given(ex=examples(DIFF_KV, GPU))
 def test_gpu_diff_kv_examples_take_the_gpu_pairs(ex):
     assert (ex.case.head_dim, ex.head_dim_v) in GPU.diff_kv_dims
+
+
+@pytest.mark.parametrize("device", sorted(SIZES))
+def test_diff_kv_draws_reach_v_narrower_and_wider_than_k(device):
+    # A consumer reading V at K's width (C[..., Dk:2*Dk]) is right wherever V is narrower: C's end cuts it to V.
+    sizes = SIZES[device]
+    for strategy in (examples(DIFF_KV, sizes), transfer.examples(DIFF_KV, sizes)):
+        find(strategy, lambda e: e.head_dim_v < e.case.head_dim, settings=FIND)
+        find(strategy, lambda e: e.head_dim_v > e.case.head_dim, settings=FIND)
+    narrow, wide = (ex.head_dim_v for ex in ambiguous(DIFF_KV[0], sizes))
+    assert narrow < sizes.coinciding < wide, (narrow, wide)
 
 
 @settings(max_examples=50, database=None)

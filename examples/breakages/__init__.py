@@ -1,5 +1,6 @@
 """The year's public KV-layout breakages as kvconform subjects: one small consumer per report, deciding the layout
-as the broken code did, beside a twin that decides as its fix does. They import nothing from kvconform (the shared
+as the broken code did, beside a twin that decides as its fix does; and coverage cases, consumers wrong in a way no
+report names yet, each beside its right twin. They import nothing from kvconform (the shared
 machinery is the example offloader's, `examples/offloader.py`); tests/test_breakages.py states where each must be
 caught and where it must pass, over every recorded release.
 
@@ -16,4 +17,6 @@ caught and where it must pass, over every recorded release.
 | dynamo_12750 | Dynamo #12750 | a layer-separate cache read as [2, num_blocks, page]: outer and block strides from sizes | split-agrees |
 | nixl_hetero_tp | vLLM test_hetero_tp_layout_bug | heads outside tokens in memory (HND), whatever the stride order says | split-agrees |
 | vllm_49011 | vLLM #49011 | an NVFP4 cache's page read head-major (K's heads, then V's, each token-minor) | split-agrees |
+| diffkv_v_width | coverage case | a diff-KV cache's V read at K's width, C[..., Dk:2*Dk] | split-agrees |
+| fp8_type | coverage case | every fp8 cache viewed as e4m3, whatever layer.cache_dtype says | split-agrees |
 """
