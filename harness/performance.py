@@ -184,11 +184,13 @@ class Lane:
                 key = (contract.cache_dtype, tile_label(tile))
                 if key not in dense:
                     dense[key] = self._dense(workload, case, q, *stored, tile)
+                failed = dense[key] if isinstance(dense[key], Failure) else None
                 base = Timing(run=self.run, release="", source="", subject=self.subject.name, geometry=g.name,
-                              workload=workload, tile=tile_label(tile), outcome=NOT_TIMED, dense_ms=dense[key][1],
-                              band=dense[key][2], threshold=self.known.threshold, device=self.device)
-                timed = (self._paged(base, case, q, agreed, pages, tile, dense[key][0], stored) if agreed is not None
-                         else None)
+                              workload=workload, tile=tile_label(tile), outcome=NOT_TIMED,
+                              dense_ms=0.0 if failed else dense[key][1], band=0.0 if failed else dense[key][2],
+                              threshold=self.known.threshold, device=self.device)
+                timed = failed or (self._paged(base, case, q, agreed, pages, tile, dense[key][0], stored)
+                                   if agreed is not None else None)
                 made = [self._judged(base, splits[r.release] if isinstance(splits[r.release], Failure) else timed,
                                      r, c) for r, c in g.handed]
                 rows += made
@@ -210,10 +212,14 @@ class Lane:
         return lambda *args: (lambda: forward(*args))
 
     def _dense(self, workload: str, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               tile: TileConfig | None) -> tuple[torch.Tensor, float, float]:
-        """The dense forward's output, the median of its runs' medians and the band they spread over."""
-        call = self._launcher("dense")(case, q, k, v, tile)
-        out = call()
+               tile: TileConfig | None) -> tuple[torch.Tensor, float, float] | Failure:
+        """The dense forward's output, the median of its runs' medians and the band they spread over; a Failure
+        when it raises (over K/V of a cache dtype the subject's forwards cannot read)."""
+        try:
+            call = self._launcher("dense")(case, q, k, v, tile)
+            out = call()
+        except Exception as e:  # noqa: BLE001 - the subject's own error is the cell's reason
+            return Failure("bit-identity", "subject-error", f"dense forward: {type(e).__name__}: {e}")
         medians = [statistics.median(self.timer(call, timings.REPEATS, f"dense {workload} {tile_label(tile)}"))
                    for _ in range(timings.BAND_RUNS)]
         return out, statistics.median(medians), timings.band(medians)

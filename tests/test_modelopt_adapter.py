@@ -159,9 +159,9 @@ def test_the_plugin_rejects_a_layout_it_does_not_know() -> None:
 def test_an_unbound_subject_replays_the_layers_release(release: str) -> None:
     rec = fixtures.load(release)
     expected = VllmRelease.from_recording(rec)
-    served = [c for c in rec.contracts if c.origin.backend_name in ModeloptSubject.backends and c.cache_dtype == "auto"]
+    served = [c for c in rec.contracts if c.origin.backend_name == "FLASH_ATTN" and c.cache_dtype == "auto"]
     assert served
-    for contract in served:  # its plugin replaces FLASH_ATTN's impl: no other backend's cache reaches it
+    for contract in served:
         dims = _dims(contract, 3)
         kv = views.allocate(contract, dims, torch.float16)
         if "get_kv_cache_shape" not in expected.backend_methods:
@@ -263,6 +263,84 @@ def test_a_replayed_split_leaves_no_stand_in_behind() -> None:
     assert not [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]
     assert plugin.FlashAttentionBackend.__doc__.startswith("REPLAY stand-in for vLLM")
     assert not hasattr(sys.modules[plugin.__name__], "replay_backend")
+
+
+# --- what modelopt itself refuses, and its FlashInfer adapter ----------------------------------------------------
+
+import modelopt.torch.sparsity.attention_sparsity.plugins.vllm as _plugin  # noqa: E402
+from kvconform.subjects import modelopt as adapter  # noqa: E402
+
+INSTALLER = importlib.util.find_spec(adapter.RUNTIME)
+
+
+@pytest.mark.skipif(INSTALLER is None, reason=f"nvidia-modelopt {VERSION} has no {adapter.RUNTIME}")
+def test_each_refusal_cites_a_line_of_the_installed_modelopt_that_makes_it() -> None:
+    # The adapter refuses nothing of its own: each refusal names a line of modelopt that holds its words, so a
+    # modelopt that moves or drops one fails here rather than leaving kvconform refusing on its behalf.
+    root = Path(INSTALLER.origin).parents[5]
+    for r in adapter.REFUSALS:
+        path, line = r.where.split(":")
+        text = (root / "modelopt/torch/sparsity/attention_sparsity" / path).read_text().splitlines()[int(line) - 1]
+        words = r.says.split(": ", 1)[-1].split(" (")[0].split("{")[0].split("=")[0]
+        assert words in text, f"{r.where} reads {text.strip()!r}, not {words!r}"
+
+
+def _layer_of(recorded: str, **change):
+    rec = fixtures.load(recorded)
+    c = next(c for c in rec.contracts if c.origin.backend_name == "FLASH_ATTN" and c.cache_dtype == "auto")
+    layer = layer_for(c, Dims(3, 16, 2, 64), torch.float16, backend_class(rec, "FLASH_ATTN"), recorded, rec)
+    return dataclasses.replace(layer, **change)
+
+
+@pytest.mark.skipif(INSTALLER is None, reason=f"nvidia-modelopt {VERSION} has no {adapter.RUNTIME}")
+@pytest.mark.parametrize(("change", "where"), [
+    ({"release": "0.14.1"}, "vllm_runtime.py:145"), ({"head_size": 72, "head_size_v": 72}, "vllm_runtime.py:217"),
+    ({"head_size_v": 32}, "vllm_runtime.py:220"), ({"cache_dtype": "fp8_e5m2"}, "vllm_runtime.py:226"),
+    ({"cache_dtype": "fp8_per_token_head"}, "vllm_runtime.py:226")])
+def test_modelopt_refuses_what_its_installer_refuses(change: dict, where: str) -> None:
+    assert ModeloptSubject().supports_layer(_layer_of("0.25.1")) is None
+    assert where in ModeloptSubject().supports_layer(_layer_of("0.25.1", **change))
+
+
+def test_modelopt_refuses_no_cache_dtype_its_installer_takes() -> None:
+    assert ModeloptSubject().supports_layer(_layer_of("0.25.1", cache_dtype="nvfp4")) is None
+
+
+def test_without_the_installer_modelopt_refuses_no_layer() -> None:
+    no_installer = dataclasses.replace(adapter._load(), installer=False)
+    with mock.patch.object(adapter, "_load", lambda: no_installer):
+        assert ModeloptSubject().supports_layer(_layer_of("0.25.1", cache_dtype="fp8_e4m3", head_size_v=32)) is None
+        assert ModeloptSubject().backends == ("FLASH_ATTN",)
+
+
+def _flashinfer(release: str, cache_dtype: str = "auto") -> list[Contract]:
+    return [c for c in dict.fromkeys(fixtures.load(release).contracts)
+            if c.origin.backend_name == "FLASHINFER" and c.cache_dtype == cache_dtype]
+
+
+@pytest.mark.skipif(not hasattr(_plugin, adapter.FLASHINFER), reason=f"nvidia-modelopt {VERSION} has no FlashInfer path")
+@pytest.mark.parametrize("cache_dtype", ["auto", "nvfp4"])
+def test_the_flashinfer_adapter_takes_a_blocks_first_cache_as_it_is(cache_dtype: str) -> None:
+    assert "FLASHINFER" in ModeloptSubject().backends
+    rec = fixtures.load("0.25.1")
+    for contract in _flashinfer("0.25.1", cache_dtype):
+        dims = Dims(3, 16, 2, 32)
+        kv = views.allocate(contract, dims, torch.float16)
+        layer = layer_for(contract, dims, torch.float16, backend_class(rec, "FLASHINFER"), "0.25.1", rec)
+        with in_force(layer):
+            got = ModeloptSubject().split(kv, layer)
+        assert split_mismatch(got, views.split(contract, kv, dims)) is None
+
+
+@pytest.mark.skipif(not hasattr(_plugin, adapter.FLASHINFER), reason=f"nvidia-modelopt {VERSION} has no FlashInfer path")
+def test_the_flashinfer_adapter_refuses_a_four_axis_cache_in_its_own_words() -> None:
+    rec = fixtures.load("0.28.0")
+    contract = _flashinfer("0.28.0", "nvfp4")[0]
+    dims = Dims(3, 16, 2, 32)
+    layer = layer_for(contract, dims, torch.float16, backend_class(rec, "FLASHINFER"), "0.28.0", rec)
+    with in_force(layer), pytest.raises(ContractError, match=r"ValueError: FlashInfer KV cache must have logical "
+                                                             r"shape \[blocks, 2, page, heads, dim\]"):
+        ModeloptSubject().split(views.allocate(contract, dims, torch.float16), layer)
 
 
 # --- the kernel, paged vs dense, in Triton's interpreter ---------------------------------------------------------

@@ -128,7 +128,18 @@ def test_modelopt_on_a_release_without_its_layout_api_is_not_timed_as_its_known_
     subject = load_subject("modelopt")
     lines = lane(subject, releases("0.33.0"), scripted(), findings.load_performance("modelopt"),
                  workloads={"prefill tiny": TINY["prefill tiny"]}, conformance_known=findings.load("modelopt"))
-    assert lines and {(x.outcome, x.known) for x in lines} == {(NOT_TIMED, "modelopt#1")}
+    assert lines and {(x.outcome, x.known) for x in lines} == {(NOT_TIMED, "modelopt#1"), (NOT_TIMED, "modelopt#9")}
+
+
+def test_a_dense_forward_that_raises_leaves_its_cells_not_timed_with_the_subjects_words():
+    pytest.importorskip("modelopt")
+    subject = load_subject("modelopt")  # over an NVFP4 cache it is handed uint8 pages as K/V: its forwards raise
+    lines = lane(subject, releases("0.25.1"), scripted(), findings.load_performance("modelopt"),
+                 workloads={"prefill tiny": TINY["prefill tiny"]}, conformance_known=findings.load("modelopt"))
+    nvfp4 = [x for x in lines if x.cache_dtype == "nvfp4"]
+    assert nvfp4 and {(x.outcome, x.known) for x in nvfp4} == {(NOT_TIMED, "modelopt#13")}
+    assert all("dense forward: ValueError: q/k/v dtypes differ" in x.diagnosis for x in nvfp4)
+    assert {x.outcome for x in lines if x.cache_dtype == "auto" and x.outcome != STALE} == {WITHIN}
 
 
 def test_the_planted_slow_subject_copies_its_views_and_stays_bit_identical(monkeypatch):

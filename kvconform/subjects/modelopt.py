@@ -5,32 +5,25 @@ What runs is modelopt's code, unchanged (facts per release in docs/modelopt.md):
   `triton_attention`), paged (k_cache/v_cache [num_blocks, page, H, D] views + block_table + page_size, as the
   plugin calls it) or dense (contiguous [total_kv, H, D] token rows). One kernel, `_attn_fwd`, serves both;
   `IS_PAGED` is a constexpr that only changes how K and V tiles are loaded.
-- tile: `_attn_fwd` is a `triton.autotune` over `_FWD_CONFIGS` and `attention()` takes no tile argument. A pinned
-  call gives the autotuner exactly one candidate for that call, which is how modelopt pins itself under pytest
-  (`_FWD_CONFIGS[:1]` when PYTEST_VERSION is set). `tile=None` gives it modelopt's own candidates: on CUDA all of
-  `_FWD_CONFIGS`, as outside pytest (the subject declares `autotune` there: the ulp-autotuned check); in Triton's
-  interpreter, which cannot time candidates, the tuner's list as it stands.
+- tile: `_attn_fwd` is a `triton.autotune` over `_FWD_CONFIGS`; `attention()` takes no tile. A pinned call gives the
+  autotuner exactly one candidate (as modelopt pins itself under pytest). `tile=None` gives it modelopt's own: on
+  CUDA all of `_FWD_CONFIGS` (the subject declares `autotune` there); in Triton's interpreter the list as it stands.
 - split: `plugins/vllm.py::ModelOptSparseAttentionImpl.forward` detects the layout (0.46+:
   `_flash_attention_kv_cache_layout()`, probing `FlashAttentionBackend.get_kv_cache_shape(3, 16, 1, 16)`; 0.45:
-  always `kv_cache.unbind(0)`), splits, and hands `k_cache`/`v_cache` to `triton_attention`. `split()` runs that
-  forward and takes the views it hands over, stopping before any launch.
-- replay: without vLLM installed, the plugin module is imported, and each split runs, under the recorded release's
-  stand-in vLLM modules (harness.vllm_api.replaying: `FlashAttentionBackend` with exactly the release's layout
-  methods, signatures and answers, placeholders for `FlashAttentionImpl` and `FlashAttentionMetadata`); the
-  release is bound with `for_release` or is the layer's. The plugin bound its names when it was
-  imported (under the newest recorded release): each split rebinds them to the replayed release's.
+  always `kv_cache.unbind(0)`), splits, and hands `k_cache`/`v_cache` to `triton_attention`; on a FlashInfer layer
+  (0.46+) `_flashinfer_forward` refuses any kv_cache but a 5-axis one with 2 at axis 1 (ValueError) and takes
+  `kv_cache[:, 0]`, `kv_cache[:, 1]`. `split()` runs that forward and takes the views it hands over, stopping
+  before any launch.
+- refusals: only modelopt's own, each citing the line that makes it (`REFUSALS`, `HEAD_DIMS`, `NM_GROUPS`,
+  `backends`). 0.46+ installs its impls through `plugins/vllm_runtime.py`, which validates every layer before it
+  swaps any and raises NotImplementedError naming each refused one; 0.45 has no installer and refuses no layer.
+- replay: without vLLM installed, the plugin is imported, and each split runs, under the recorded release's stand-in
+  vLLM modules (harness.vllm_api.replaying), bound with `for_release` or the layer's; each split rebinds the names
+  the plugin bound at import (under the newest recorded release) to the replayed release's.
 
-Sparsity mapping (harness `Sparsity` -> `attention()` keywords) and the semantics the subject declares, read from
-triton_fa.py and sparsity/attention/skip_softmax_helpers.py (0.46-0.47; the oracle judges the subject by them):
-- skip_softmax(threshold) -> `skip_softmax_threshold` (a constexpr: one compile per value). One program per
-  (sequence, query head, BLOCK_M query tokens) decides per key tile for all its valid rows: skip when every valid
-  row has tile_max < running_max + log2(threshold) (padding rows forced skippable), else the tile counts for every
-  row: `skip_decision="query_tile"` with the pinned tile's BLOCK_M.
-- nm(n, m, sink, recent) -> `sparsity_n/sparsity_m/dense_sink_tokens/dense_recent_tokens`, m in {4, 8}. Dense:
-  `seq_len_q <= 1` (every row of a decode sequence: `nm_dense_decode_rows`), key < sink, and 0 <= q_pos - key <
-  recent (`recent_window="to_query"`: not the keys after the query, which the oracle's default keeps when not
-  causal). m == 4 ranks with `>=` comparisons (ties to the lower key, exactly n); m == 8 keeps every key >= the n-th
-  largest of its group (`nm_tied_kept=(8,)`).
+Sparsity maps to `attention()` keywords (skip_softmax_threshold; sparsity_n/m, dense_sink_tokens, dense_recent_tokens)
+and `sparsity_semantics` states modelopt's own rules, read from triton_fa.py and skip_softmax_helpers.py
+(docs/modelopt.md has both, with the reasons; the oracle judges the subject by them).
 """
 
 from __future__ import annotations
@@ -48,6 +41,7 @@ from dataclasses import dataclass, field
 from unittest import mock
 
 import torch
+from packaging.version import Version
 
 from harness.cache import Paging
 from harness.cases import Case
@@ -60,9 +54,34 @@ from harness.subjects import AUTOTUNE, FORWARD, SPLIT, Launched, SparsitySemanti
 
 ENV = "KVCONFORM_MODELOPT"  # a PyPI version ("0.47.0") or a modelopt source tree (a directory holding `modelopt/`)
 PLUGIN = "modelopt.torch.sparsity.attention_sparsity.plugins.vllm"
-VLLM_FA = "vllm.v1.attention.backends.flash_attn"
-NM_GROUPS = (4, 8)  # skip_softmax_helpers._apply_sparse_nm_to_qk_tile: static_assert SPARSITY_M == 4 or 8
-HEAD_DIMS = (16, 256)  # tl.dot needs K >= 16 (BLOCK_D = next_pow2(head_dim)); vLLM's FA caps head size at 256
+NM_GROUPS = (4, 8)  # kernels/sparsity/attention/skip_softmax_helpers.py:99 static_assert SPARSITY_M == 4 or 8
+HEAD_DIMS = (16, 256)  # triton_fa.py:394 tl.dot over next_pow2(head_dim): none of K < 16; vLLM's take <= 256
+FLASHINFER = "_flashinfer_forward"  # plugins/vllm.py (0.46+): the FlashInfer adapter's forward, module-level
+RUNTIME = "modelopt.torch.sparsity.attention_sparsity.plugins.vllm_runtime"  # 0.46+: the installers
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A layer modelopt's installer refuses: where (file:line of the 0.46-0.47 wheel) and its own words."""
+
+    where: str
+    says: str
+    refuses: Callable[[Layer], bool]
+
+    def reason(self, layer: Layer) -> str:
+        return f"modelopt refuses this layer ({self.where}: {self.says.format(layer=layer)})"
+
+
+REFUSALS = (  # vllm_runtime._plan_vllm_attention: _require_supported_vllm, then _layer_errors per layer
+    Refusal("plugins/vllm_runtime.py:145", "RuntimeError: ModelOpt vLLM attention transforms require vLLM >= 0.15.0",
+            lambda layer: layer.release != "main" and Version(layer.release) < Version("0.15.0")),
+    Refusal("plugins/vllm_runtime.py:217", "head_size={layer.head_size} must be a multiple of 16",
+            lambda layer: layer.head_size % 16 != 0),
+    Refusal("plugins/vllm_runtime.py:220", "head_size_v={layer.head_size_v} must equal head_size={layer.head_size}",
+            lambda layer: layer.head_size_v != layer.head_size),
+    Refusal("plugins/vllm_runtime.py:226", "FP8 KV cache is unsupported ({layer.cache_dtype})",
+            lambda layer: layer.cache_dtype.startswith("fp8")),
+)
 PINNED = TileConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)  # in every release's _FWD_CONFIGS (0.45-0.47)
 
 _lock = threading.RLock()  # the autotuner's candidates, the plugin's backend and torch.cuda.device are process-wide
@@ -100,6 +119,7 @@ class _Modelopt:
     plugin: types.ModuleType
     kernel: types.ModuleType  # the module of the plugin's `triton_attention`
     live: bool  # vLLM is installed: the plugin queries the real FlashAttentionBackend
+    installer: bool  # vllm_runtime (0.46+) validates each layer before installing (REFUSALS)
 
 
 class ModeloptSubject(Launched):
@@ -107,7 +127,6 @@ class ModeloptSubject(Launched):
     release: bound here (`for_release`), or else the layer's."""
 
     name = "modelopt"
-    backends = ("FLASH_ATTN",)  # its vLLM plugin replaces FLASH_ATTN's impl: no other backend hands it a cache
     sparsity_semantics = SparsitySemantics(skip_decision="query_tile", nm_dense_decode_rows=True,
                                            recent_window="to_query", nm_tied_kept=(8,))
 
@@ -137,10 +156,19 @@ class ModeloptSubject(Launched):
             return f"nm group size m={sp.m} not supported; modelopt supports m in {NM_GROUPS}"
         return None
 
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backends whose impl modelopt replaces. 0.46+: vllm_runtime.py:293 refuses any impl but a
+        FlashAttentionImpl (FLASH_ATTN_DIFFKV's subclasses it) or a FlashInferImpl. 0.45: plugins/vllm.py:22, "Only
+        impl is swapped from FlashAttentionImpl"."""
+        if _load().installer:
+            return ("FLASH_ATTN", "FLASH_ATTN_DIFFKV", "FLASHINFER")
+        return ("FLASH_ATTN",)
+
     def supports_layer(self, layer: Layer) -> str | None:
-        if layer.cache_dtype != "auto":
-            return f"cache dtype {layer.cache_dtype} not supported: modelopt's kernel reads model-dtype K/V"
-        return None
+        if not _load().installer:
+            return None
+        return next((r.reason(layer) for r in REFUSALS if r.refuses(layer)), None)
 
     @property
     def capabilities(self) -> frozenset[str]:
@@ -164,7 +192,7 @@ class ModeloptSubject(Launched):
         )
         with _lock, _backend(mo, layer, release):
             try:
-                got = _plugin_kv_views(mo.plugin, kv_cache, layer.num_kv_heads, layer.head_size)
+                got = _plugin_kv_views(mo.plugin, kv_cache, layer)
             except Exception as err:  # whatever the plugin raises is the finding; its text is kept verbatim
                 raise ContractError(f"{where}: {type(err).__name__}: {err}") from err
         if got is None:
@@ -352,29 +380,40 @@ class _Handed(Exception):
         self.views = (k_cache, v_cache)
 
 
-def _plugin_kv_views(plugin: types.ModuleType, kv_cache: torch.Tensor, kv_heads: int, head_size: int):
-    """Run the plugin's FlashAttention forward on a one-sequence prefill; return the K/V views it hands its kernel."""
+def _plugin_kv_views(plugin: types.ModuleType, kv_cache: torch.Tensor, layer: Layer):
+    """Run the plugin's forward for `layer`'s backend on a one-sequence prefill; return the K/V views it hands its
+    kernel."""
 
     def capture(*args, k_cache=None, v_cache=None, **kwargs):
         raise _Handed(k_cache, v_cache)
 
-    dev = kv_cache.device
-    impl = object.__new__(plugin.ModelOptSparseAttentionImpl)  # as the plugin's _clone_sparse_impl does
+    dev, kv_heads, head_size = kv_cache.device, layer.num_kv_heads, layer.head_size
     # A prefill launch with an active sparse transform, so every release takes its Triton path (0.45 sends
     # decode-only skip-softmax launches to vLLM's native path).
-    impl.__dict__.update(num_kv_heads=kv_heads, head_size=head_size, scale=head_size**-0.5,
-                         sparse_kw={"skip_softmax_threshold": 0.5})
-    meta = types.SimpleNamespace(
-        use_cascade=False, causal=True, num_actual_tokens=2, max_query_len=2, max_seq_len=2,
-        query_start_loc=torch.tensor([0, 2], dtype=torch.int32, device=dev),
-        seq_lens=torch.tensor([2], dtype=torch.int32, device=dev),
-        block_table=torch.zeros(1, 1, dtype=torch.int32, device=dev),
-    )
+    state = dict(num_kv_heads=kv_heads, head_size=head_size, scale=head_size**-0.5,
+                 sparse_kw={"skip_softmax_threshold": 0.5})
+    starts, lens, table = (torch.tensor(x, dtype=torch.int32, device=dev) for x in ([0, 2], [2], [[0]]))
     query = torch.zeros(2, kv_heads, head_size, dtype=kv_cache.dtype, device=dev)
     output = torch.empty_like(query)
     with mock.patch.object(plugin, "triton_attention", capture):
         try:
-            impl.forward(types.SimpleNamespace(), query, query, query, kv_cache, meta, output)
+            if layer.backend_name == "FLASHINFER":
+                # ModelOptSparseFlashInferImpl.forward is this call with itself as the impl; its metadata carries
+                # the fields the plugin's patched FlashInferMetadataBuilder.build attaches. The cache write it may
+                # issue first is vLLM's CUDA op, and the harness has written the tokens already.
+                meta = types.SimpleNamespace(
+                    use_cascade=False, _modelopt_block_table=table, _modelopt_seq_lens=lens,
+                    _modelopt_query_start_loc=starts, _modelopt_num_actual_tokens=2, _modelopt_max_query_len=2,
+                    _modelopt_max_seq_len=2, _modelopt_causal=True)
+                with mock.patch.object(plugin, "_maybe_update_flashinfer_cache", lambda *a, **k: None):
+                    getattr(plugin, FLASHINFER)(types.SimpleNamespace(**state), None, types.SimpleNamespace(),
+                                                query, query, query, kv_cache, meta, output)
+            else:
+                impl = object.__new__(plugin.ModelOptSparseAttentionImpl)  # as the plugin's _clone_sparse_impl does
+                impl.__dict__.update(state)
+                meta = types.SimpleNamespace(use_cascade=False, causal=True, num_actual_tokens=2, max_query_len=2,
+                                             max_seq_len=2, query_start_loc=starts, seq_lens=lens, block_table=table)
+                impl.forward(types.SimpleNamespace(), query, query, query, kv_cache, meta, output)
         except _Handed as handed:
             return handed.views
     return None
@@ -438,7 +477,8 @@ def _load() -> _Modelopt:
                                       f"in 0.45.0)") from err
         raise ModeloptUnavailable(f"nvidia-modelopt {version}'s vLLM plugin does not import: {err}") from err
     kernel = sys.modules[plugin.triton_attention.__module__]
-    return _Modelopt(f"{version} (tree {spec})" if tree else version, plugin, kernel, live)
+    installer = importlib.util.find_spec(RUNTIME) is not None  # found, not imported: it imports vLLM's model layers
+    return _Modelopt(f"{version} (tree {spec})" if tree else version, plugin, kernel, live, installer)
 
 
 def _import_replayed(name: str) -> types.ModuleType:
