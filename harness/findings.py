@@ -71,9 +71,13 @@ class Finding:
     reason: str
     link: str
 
+    def in_range(self, release: str) -> bool:
+        """The release is in the finding's range (its geometry, sparsity and check aside)."""
+        return _release_in(release, self.releases)
+
     def applies(self, release: str, geometry: str, sparsity: str, check: str) -> bool:
         """The finding speaks about this (release, geometry, sparsity, check), whatever the outcome."""
-        return (_release_in(release, self.releases) and fnmatchcase(geometry, self.geometry)
+        return (self.in_range(release) and fnmatchcase(geometry, self.geometry)
                 and fnmatchcase(sparsity, self.sparsity) and fnmatchcase(check, self.check))
 
     def matches(self, release: str, geometry: str, sparsity: str, check: str, outcome: str) -> bool:

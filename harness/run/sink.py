@@ -9,7 +9,7 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -116,7 +116,7 @@ class Sink:
         # The lines name geometries no contract has: the oracle's "dense", a relayout's pair, "*" (whole release).
         geometries = {c.name for c in r.contracts} | {x.geometry for x in rows}
         for f in self.findings:
-            if f.id in happened or not (covers(f, r.release) and any(fnmatchcase(g, f.geometry) for g in geometries)):
+            if f.id in happened or not (f.in_range(r.release) and any(fnmatchcase(g, f.geometry) for g in geometries)):
                 continue
             examples = [x for x in rows if speaks_of(f, x)]
             if any(x.outcome.value not in results.NOT_RAN for x in examples):
@@ -171,11 +171,6 @@ class Sink:
             lines.append(f"kvconform slowest {check}: " + "; ".join(
                 f"{x.seconds:.2f} s {x.release} {x.geometry} {x.case} ({x.outcome.value})" for x in top))
         return lines
-
-
-def covers(f: findings.Finding, release: str) -> bool:
-    """Whether `release` is in the known finding's range (its geometry, sparsity and check globs aside)."""
-    return replace(f, geometry="*", sparsity="*", check="*").applies(release, "*", "*", "*")
 
 
 def speaks_of(f: findings.Finding, x: results.Result) -> bool:
