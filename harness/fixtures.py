@@ -1,4 +1,5 @@
-"""Recorded contracts: one JSON file per release under fixtures/contracts/, and the drift check live vs recorded.
+"""Recorded contracts: one JSON file per release under fixtures/contracts/ (harness.drift compares a live probe with
+one).
 
 A recording keeps the symbolic contracts (what conformance replays without vLLM) and the probe's raw
 observations (the shapes, stride orders and write landings that the contracts were read from), for audit.
@@ -89,72 +90,6 @@ def save(recording: Recording, root: Path = ROOT) -> Path:
     return p
 
 
-def drift(recorded: Recording, live: Recording) -> list[str]:
-    """Readable differences between two recordings' contracts; empty when the release's contract is unchanged.
-
-    Contracts are compared (a nightly build is checked against the `main` recording under its own version), and
-    so is whether each backend could be read: a backend the live probe could not import or read is one line naming
-    it and the error, in place of a "contract gone" line per contract the recording has from it; a recording that
-    could not read that backend either is no drift. Where the live probe kept it, the layout API is compared too
-    (harness.vllm_api.surface: names, signatures, answers; a recording without it drifts until re-recorded).
-    Contracts are matched by origin (the switch setting they were read under), so a change reads as
-    "HND single-layer: physical order B.KV.H.N.D -> B.KV.N.H.D" rather than as one removal plus one addition.
-    """
-    out, unread = [], set()
-    was = recorded.observations.get("backends", {})
-    counts: dict[str, int] = {}
-    for c in recorded.contracts:
-        counts[c.origin.backend_name] = counts.get(c.origin.backend_name, 0) + 1
-    for name, seen in sorted(live.observations.get("backends", {}).items()):
-        before = was.get(name, {})
-        unreadable = seen.get("read") is False and before.get("read") is not False
-        # On a carried subset of a release a module left out looks absent from the release: read None, present False.
-        vanished = seen.get("read") is None and before.get("read") is True
-        if unreadable or vanished:
-            unread.add(name)
-            n = counts.get(name, 0)
-            had = f"; the recording read {n} contract{'s' * (n != 1)} from it" if n else ""
-            out.append(f"backend {name} could not be imported or read: {seen.get('why', 'no reason recorded')}{had}")
-    old = {_setting(c): c for c in recorded.contracts}
-    new = {_setting(c): c for c in live.contracts}
-    for key in sorted(old.keys() | new.keys()):
-        a, b = old.get(key), new.get(key)
-        if a is None:
-            out.append(f"{key}: new contract {b.describe()}")
-        elif b is None:
-            if a.origin.backend_name not in unread:
-                out.append(f"{key}: contract gone (was {a.describe()})")
-        else:
-            out.extend(f"{key}: {line}" for line in _contract_diff(a, b))
-    if live.api is not None:  # a live probe keeps the layout API: its surface and answers must not move either
-        from harness.vllm_api.surface import surface_diff
-
-        out.extend(f"layout API: {line}" for line in surface_diff(recorded.api, live.api))
-    return out
-
-
-def _setting(c: Contract) -> str:
-    # Backend and setting without the release, so that a nightly build compares cleanly with the release it is
-    # checked against.
-    dtype = "" if c.cache_dtype == "auto" else c.cache_dtype
-    return " ".join(p for p in (c.origin.backend, dtype, c.origin.setting) if p)
-
-
-def _contract_diff(a: Contract, b: Contract) -> list[str]:
-    out = []
-    x, y = a.layout, b.layout
-    if x.logical != y.logical:
-        out.append(f"logical axes [{','.join(x.logical)}] ({x.family}) -> [{','.join(y.logical)}] ({y.family})")
-        moved = [ax for ax in x.logical if ax in y.logical and x.logical.index(ax) != y.logical.index(ax)]
-        if moved:
-            out.append(f"axes moved: {', '.join(f'{ax} {x.logical.index(ax)}->{y.logical.index(ax)}' for ax in moved)}")
-    if x.physical != y.physical:
-        out.append(f"physical (stride) order {'.'.join(x.physical)} -> {'.'.join(y.physical)}")
-    if a.split_rule != b.split_rule:
-        out.append(f"K/V split {a.split_rule} -> {b.split_rule}")
-    return out
-
-
 def unmodelled(rec: Recording) -> dict[str, list[str]]:
     """The cache dtypes the recording's backends list in `supported_kv_cache_dtypes` that kvconform does not model
     (harness.contract.CACHE_DTYPES), each with the backends that list it: no contract of them is recorded.
@@ -177,13 +112,14 @@ def _keyed(rec: Recording) -> dict[tuple[str, str], list[Contract]]:
 
 def _observed(rec: Recording, backend: str, cache_dtype: str) -> str:
     """How the backend's own write path was seen to agree with these contracts (or why not)."""
-    if backend == "FLASH_ATTN" and cache_dtype == "auto":
-        return f"{rec.observations.get('method', '?')}"
     b = rec.observations.get("backends", {}).get(backend, {})  # keyed by kvconform's names, suffix-free
     writes = [o.get("write") for k, o in b.get("settings", {}).items() if k.split(" ")[0] == cache_dtype]
-    seen = {w["path"] for w in writes if isinstance(w, dict)}
+    landed = sorted({w["path"] for w in writes if isinstance(w, dict) and "views" not in w})
+    handed = sorted({w["path"] for w in writes if isinstance(w, dict) and "views" in w})
     why = sorted({w.split(": ", 1)[-1] for w in writes if isinstance(w, str)})
-    text = f"write views checked ({', '.join(sorted(seen))})" if seen else f"write not observed: {'; '.join(why)}"
+    text = "; ".join([*([f"K and V landed as split ({', '.join(landed)})"] if landed else []),
+                      *([f"write views checked ({', '.join(handed)})"] if handed else [])]) or \
+        f"write not observed: {'; '.join(why)}"
     stubbed = " [GPU library stubbed]" if b.get("gpu_library_stubbed") else ""
     return text + stubbed
 

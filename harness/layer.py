@@ -22,8 +22,8 @@ import torch
 from harness.backends import BACKENDS, LAYOUT_ENV, LAYOUT_VALUES, backend_named, layout_env
 from harness.contract import Contract, ContractError, Dims, views
 from harness.fixtures import Recording
-from harness.probe import backends
-from harness.probe.observe import patched
+from harness.probe.era_stride import asked_shape
+from harness.probe.observe import axes, patched
 from harness.vllm_api import replaying
 
 ENUM_AXES = ("L", "B", "H", "N", "C")  # the axes KVCacheLayout's member names and stride orders spell
@@ -63,8 +63,8 @@ class Layer:
 
 def setting_of(contract: Contract) -> tuple[str | None, bool]:
     """The layout setting (see Layer.kv_cache_layout) and whether the allocation was cross-layer, from the first
-    setting a recorded contract was read under ("VLLM_KV_CACHE_LAYOUT=HND", "NHD cross-layer", "LBHNC
-    single-layer (sm90)", "default")."""
+    setting a recorded contract was read under ("VLLM_KV_CACHE_LAYOUT=HND", "VLLM_KV_CACHE_LAYOUT=NHD cross-layer",
+    "LBHNC single-layer (sm90)", "default"; recordings of an older spelling: "NHD cross-layer")."""
     words = contract.origin.setting.split(" + ")[0].split()
     layout = None
     for w in words:
@@ -115,16 +115,16 @@ def contract_of(layer: Layer) -> Contract:
     with in_force(layer):
         cls = layer.backend
         if callable(getattr(cls, "get_kv_cache_shape", None)):
-            logical = backends.axes(b, layer.cache_dtype, backends.asked_shape(b, cls, layer.cache_dtype),
+            logical = axes(b, layer.cache_dtype, asked_shape(b, cls, layer.cache_dtype),
                                     "get_kv_cache_shape")
             physical = _stride_ordered(cls, logical, layer.cross_layer)
         elif layer.kv_cache_layout and len(layer.kv_cache_layout) == len(ENUM_AXES):
             # An NVFP4 spec (FlashInfer's customize_spec, which the stand-ins do not model) keeps K and V as heads
             # of their own: the view [B, 2H, N, D], in the order the member spells for H and C.
-            axes = ("L", "B", "S", "N", "D") if layer.cache_dtype == "nvfp4" else ENUM_AXES
-            logical = axes[1:]
+            spelled = ("L", "B", "S", "N", "D") if layer.cache_dtype == "nvfp4" else ENUM_AXES
+            logical = spelled[1:]
             member = _layout_member(layer)
-            physical = tuple(axes[i] for i in member.stride_order if layer.cross_layer or i != 0)
+            physical = tuple(spelled[i] for i in member.stride_order if layer.cross_layer or i != 0)
         else:
             raise ContractError(f"{layer.describe()}: the backend has no get_kv_cache_shape and no KVCacheLayout is "
                                 "in force: its layout cannot be asked")

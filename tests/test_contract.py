@@ -293,7 +293,7 @@ def test_round_trip_passes_for_the_right_split():
 def test_a_recorded_origin_is_read_into_release_backend_and_setting():
     from harness import fixtures
     from harness.contract import Origin
-    from harness.probe.backends import BACKENDS as PROBED
+    from harness.backends import BACKENDS as PROBED
 
     BACKENDS = {b.name for b in PROBED}
 

@@ -9,7 +9,8 @@ import torch
 
 from harness import fixtures, matrix
 from harness.contract import Contract, ContractError, Dims, views
-from harness.fixtures import Recording, drift
+from harness.drift import drift
+from harness.fixtures import Recording
 
 NHD = Contract.of(("KV", "B", "N", "H", "D"), ("KV", "B", "N", "H", "D"), "vllm 0.20.2 FLASH_ATTN NHD")
 HND = Contract.of(("KV", "B", "N", "H", "D"), ("KV", "B", "H", "N", "D"), "vllm 0.20.2 FLASH_ATTN HND")
@@ -70,32 +71,46 @@ def test_no_drift_for_a_nightly_with_the_same_contracts():
 def test_drift_names_a_changed_stride_order():
     moved = Contract.of(HND.layout.logical, ("KV", "B", "N", "H", "D"), HND.origin)
     assert drift(_rec(NHD, HND), _rec(NHD, moved)) == [
-        "FLASH_ATTN HND: physical (stride) order KV.B.H.N.D -> KV.B.N.H.D"
+        "FLASH_ATTN VLLM_KV_CACHE_LAYOUT=HND: physical (stride) order KV.B.H.N.D -> KV.B.N.H.D"
     ]
 
 
 def test_drift_names_a_moved_axis():
     blocks_first = Contract.of(("B", "KV", "N", "H", "D"), ("B", "KV", "N", "H", "D"), NHD.origin)
     assert drift(_rec(NHD), _rec(blocks_first)) == [
-        "FLASH_ATTN NHD: logical axes [KV,B,N,H,D] (kv-first) -> [B,KV,N,H,D] (blocks-first)",
-        "FLASH_ATTN NHD: axes moved: KV 0->1, B 1->0",
-        "FLASH_ATTN NHD: physical (stride) order KV.B.N.H.D -> B.KV.N.H.D",
+        "FLASH_ATTN VLLM_KV_CACHE_LAYOUT=NHD: logical axes [KV,B,N,H,D] (kv-first) -> [B,KV,N,H,D] (blocks-first)",
+        "FLASH_ATTN VLLM_KV_CACHE_LAYOUT=NHD: axes moved: KV 0->1, B 1->0",
+        "FLASH_ATTN VLLM_KV_CACHE_LAYOUT=NHD: physical (stride) order KV.B.N.H.D -> B.KV.N.H.D",
     ]
 
 
 def test_drift_names_a_changed_split():
     packed = Contract.of(("B", "H", "N", "C"), ("B", "N", "H", "C"), NHD.origin)
     lines = drift(_rec(NHD), _rec(packed))
-    assert "FLASH_ATTN NHD: K/V split unbind KV (K=0, V=1) -> halves of C (K=C[:D], V=C[D:])" in lines
+    assert "FLASH_ATTN VLLM_KV_CACHE_LAYOUT=NHD: K/V split unbind KV (K=0, V=1) -> halves of C (K=C[:D], V=C[D:])" in lines
 
 
 def test_drift_names_appeared_and_gone_settings():
     cross = Contract.of(NHD.layout.logical, ("B", "L", "KV", "N", "H", "D"), "vllm 0.20.2 FLASH_ATTN NHD cross-layer")
     lines = drift(_rec(NHD, HND), _rec(NHD, cross))
     assert lines == [
-        "FLASH_ATTN HND: contract gone (was " + HND.describe() + ")",
-        "FLASH_ATTN NHD cross-layer: new contract " + cross.describe(),
+        "FLASH_ATTN VLLM_KV_CACHE_LAYOUT=HND: contract gone (was " + HND.describe() + ")",
+        "FLASH_ATTN VLLM_KV_CACHE_LAYOUT=NHD cross-layer: new contract " + cross.describe(),
     ]
+
+
+def test_a_recording_in_an_older_spelling_does_not_drift_from_the_probe_today():
+    # Recordings made before every backend was read by one reader named FLASH_ATTN's settings by the layout value
+    # alone, and releases before 0.11 the backend FLASH_ATTN_VLLM_V1; the probe spells both as for every backend.
+    old = [Contract.of(NHD.layout.logical, NHD.layout.physical, "vllm 0.10.2 FLASH_ATTN_VLLM_V1 NHD"),
+           Contract.of(NHD.layout.logical, ("B", "L", "KV", "N", "H", "D"), "vllm 0.10.2 FLASH_ATTN NHD cross-layer")]
+    new = [Contract.of(NHD.layout.logical, NHD.layout.physical, "vllm 0.10.2 FLASH_ATTN VLLM_KV_CACHE_LAYOUT=NHD"),
+           Contract.of(NHD.layout.logical, ("B", "L", "KV", "N", "H", "D"),
+                       "vllm 0.10.2 FLASH_ATTN VLLM_KV_CACHE_LAYOUT=NHD cross-layer")]
+    assert drift(_rec(*old, release="0.10.2"), _rec(*new, release="0.10.2")) == []
+    moved = Contract.of(NHD.layout.logical, ("B", "L", "KV", "H", "N", "D"), new[1].origin)
+    assert drift(_rec(*old, release="0.10.2"), _rec(new[0], moved, release="0.10.2")) == [
+        "FLASH_ATTN VLLM_KV_CACHE_LAYOUT=NHD cross-layer: physical (stride) order B.L.KV.N.H.D -> B.L.KV.H.N.D"]
 
 
 def test_table_has_one_row_per_release_backend_dtype_and_family(tmp_path):
@@ -162,10 +177,10 @@ def test_drift_names_the_backend_and_cache_dtype_that_moved():
     moved = Contract.of(("B", "S", "N", "D"), ("B", "N", "S", "D"), "vllm 0.33.0 FLASHINFER LBHNC single-layer",
                         "nvfp4")
     fa = Contract.of(("B", "H", "N", "C"), ("B", "H", "N", "C"), "vllm 0.33.0 FLASH_ATTN LBHNC single-layer")
-    assert fixtures.drift(Recording("0.33.0", (fa, fi)), Recording("0.33.0", (fa, fi))) == []
-    assert fixtures.drift(Recording("0.33.0", (fa, fi)), Recording("0.33.0", (fa, moved))) == [
+    assert drift(Recording("0.33.0", (fa, fi)), Recording("0.33.0", (fa, fi))) == []
+    assert drift(Recording("0.33.0", (fa, fi)), Recording("0.33.0", (fa, moved))) == [
         "FLASHINFER nvfp4 LBHNC single-layer: physical (stride) order B.S.N.D -> B.N.S.D"]
-    assert fixtures.drift(Recording("0.33.0", (fa, fi)), Recording("0.33.0", (fa,))) == [
+    assert drift(Recording("0.33.0", (fa, fi)), Recording("0.33.0", (fa,))) == [
         f"FLASHINFER nvfp4 LBHNC single-layer: contract gone (was {fi.describe()})"]
 
 

@@ -1,6 +1,6 @@
 """The layer value (harness.layer): what a release hands a layer, read through its recorded API. kvconform's own
 reading of it gives back every recorded contract; consumers written as real ones decide (examples/offloader.py) are
-right and wrong exactly where their rules say; a subject of the contract protocol is refused in one line."""
+right and wrong exactly where their rules say."""
 
 import dataclasses
 import sys
@@ -16,7 +16,6 @@ from harness.run import loop, releases, session as sessions, targets as targetin
 from harness.contract import ContractError, Dims, views
 from harness.layer import contract_of, in_force, layer_for, setting_of
 from harness.results import Word
-from harness.subjects import capabilities_of
 from harness.vllm_api import backend_class
 from kvconform.suites import test_split as split_check
 from kvconform.suites import test_transfer as transfer_check
@@ -56,7 +55,7 @@ def test_reading_the_layer_through_the_api_gives_every_recorded_contract():
 def test_a_layer_under_another_setting_reads_another_layout():
     # The check can fail: the same cache told the other stride-order setting is read in the other order.
     r = RELEASES["0.25.1"]
-    c = next(c for c in r.contracts if str(c.origin).endswith("FLASH_ATTN HND"))
+    c = next(c for c in r.contracts if str(c.origin).endswith("FLASH_ATTN VLLM_KV_CACHE_LAYOUT=HND"))
     layer = sessions.layer_of(r, c, _dims(c), torch.float16)
     import dataclasses
 
@@ -66,7 +65,7 @@ def test_a_layer_under_another_setting_reads_another_layout():
 
 def test_in_force_serves_the_release_modules_and_its_setting():
     r = RELEASES["0.25.1"]
-    c = next(c for c in r.contracts if str(c.origin).endswith("FLASH_ATTN HND"))
+    c = next(c for c in r.contracts if str(c.origin).endswith("FLASH_ATTN VLLM_KV_CACHE_LAYOUT=HND"))
     layer = sessions.layer_of(r, c, _dims(c), torch.float16)
     with in_force(layer):
         from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
@@ -223,32 +222,6 @@ def test_transfer_catches_a_payload_that_needs_k_and_v_equally_wide_and_passes_w
         s = diff_kv_session(subject)
         assert _caught(s, transfer_check) == {}, subject.name
     _green(s)
-
-
-class OldProtocol:
-    name = "old"
-    capabilities = frozenset({"split"})
-
-    def split(self, kv_cache, contract):
-        return views.split(contract, kv_cache)
-
-
-class OldSupports(OldProtocol):
-    def split(self, kv_cache, layer):
-        return kv_cache[0], kv_cache[1]
-
-    def supports_contract(self, contract):
-        return None
-
-
-@pytest.mark.parametrize("subject, says", [(OldProtocol, "split(kv_cache, contract) takes kvconform's contract; "
-                                                          "subjects take the layer (harness.layer.Layer): "
-                                                          "split(kv_cache, layer)"),
-                                           (OldSupports, "supports_layer(layer)")])
-def test_a_subject_of_the_contract_protocol_gets_one_line_naming_the_layer_protocol(subject, says):
-    with pytest.raises(ValueError) as e:
-        capabilities_of(subject())
-    assert says in str(e.value) and "\n" not in str(e.value)
 
 
 def test_a_consumer_meets_every_cache_and_a_kernel_says_what_it_does_not_read():

@@ -50,6 +50,14 @@ class Spec:
     def page_size_bytes(self) -> int:
         return 2 * self.block_size * self.num_kv_heads * self.head_size * self.dtype.itemsize
 
+    @property
+    def num_heads(self) -> int:
+        return self.num_kv_heads
+
+    @property
+    def state_content_size_bytes(self) -> int:
+        return self.page_size_bytes
+
 
 def _install(monkeypatch, modules: dict[str, types.ModuleType]) -> None:
     for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
@@ -139,6 +147,7 @@ def _shape_era(
                 self._write(layer, key, value, kv_cache, attn_metadata.slot_mapping)
                 raise RuntimeError("flash_attn_varlen_func needs CUDA")  # the probe must stop before this
 
+    FlashAttentionBackend.get_impl_cls = staticmethod(lambda: FlashAttentionImpl)
     fa.FlashAttentionBackend, fa.FlashAttentionImpl = FlashAttentionBackend, FlashAttentionImpl
     modules = {
         fa.__name__: fa,
@@ -221,6 +230,7 @@ def _enum_era(monkeypatch, lie: bool = False) -> None:
             k, v = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
             fa.reshape_and_cache_flash(key, value, k, v, slot_mapping, self.kv_cache_dtype, layer._k_scale, layer._v_scale)
 
+    FlashAttentionBackend.get_impl_cls = staticmethod(lambda: FlashAttentionImpl)
     fa.FlashAttentionBackend, fa.FlashAttentionImpl = FlashAttentionBackend, FlashAttentionImpl
     iface = _mod(
         "vllm.v1.kv_cache_interface",
@@ -242,7 +252,7 @@ def test_shape_only_era_reads_one_kv_first_contract(monkeypatch):
     rec = p.probe()
     assert rec.observations["era"] == "era_shape"
     assert set(rec.contracts) == _c(KV_FIRST, "KV.B.N.H.D")
-    write = rec.observations["settings"]["default"]["write"]
+    write = rec.observations["backends"]["FLASH_ATTN"]["settings"]["auto default"]["write"]
     assert (write["path"], write["K"], write["V"]) == ("FlashAttentionImpl.forward", "KV=0", "KV=1")
 
 
@@ -252,7 +262,7 @@ def test_stride_order_era_reads_both_switch_values(monkeypatch):
     assert rec.observations["era"] == "era_stride"
     assert set(rec.contracts) == _c(KV_FIRST, "KV.B.N.H.D", "KV.B.H.N.D")
     assert "HND" in [c for c in rec.contracts if c.layout.physical == ("KV", "B", "H", "N", "D")][0].origin.setting
-    assert "XYZ" in rec.observations["settings"]["rejects"]
+    assert "XYZ" in rec.observations["rejects"]
     assert os.environ.get("VLLM_KV_CACHE_LAYOUT") is None  # the switch is restored
 
 
@@ -276,9 +286,8 @@ def test_write_method_era_reads_each_family(monkeypatch, family, logical, expect
     assert rec.observations["era"] == "era_write"
     assert set(rec.contracts) == _c(logical, *expected)
     k_at = "C[0:32]" if family == "packed" else "KV=0"
-    for obs in rec.observations["settings"].values():
-        if isinstance(obs, dict):
-            assert obs["write"]["K"] == k_at and obs["write"]["stray_cells"] == 0
+    for obs in rec.observations["backends"]["FLASH_ATTN"]["settings"].values():
+        assert obs["write"]["K"] == k_at and obs["write"]["stray_cells"] == 0
 
 
 def test_enum_era_reads_every_layout_single_and_cross_layer(monkeypatch):
@@ -330,8 +339,9 @@ def _not_found(name):
 
 def test_a_backend_module_that_fails_to_import_is_recorded_unreadable_and_named_by_the_drift_check(
         monkeypatch, tmp_path):
-    from harness import fixtures
-    from harness.probe import backends
+    from harness import drift, fixtures
+    from harness.backends import BACKENDS
+    from harness.probe import era_write
 
     (tmp_path / "flashinfer.py").write_text("import kvconform_no_such_dependency\n")
     (tmp_path / "triton_attn.py").write_text("from vllm.v1.attention.backends import no_such_name\n")
@@ -339,12 +349,11 @@ def test_a_backend_module_that_fails_to_import_is_recorded_unreadable_and_named_
         monkeypatch.setitem(sys.modules, name, _mod(name, __path__=[]))
     pkg = "vllm.v1.attention.backends"
     monkeypatch.setitem(sys.modules, pkg, _mod(pkg, __path__=[str(tmp_path)]))
-    monkeypatch.setattr(backends, "BACKENDS", tuple(
-        b for b in backends.BACKENDS if b.name in ("FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")))
+    results = {b.name: p._backend("0.26.0", era_write, b) for b in BACKENDS
+               if b.name in ("FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")}
+    observed = {name: obs for name, (_, obs) in results.items()}
 
-    contracts, observed = backends.read("0.26.0", enum_era=False)
-
-    assert contracts == []
+    assert all(contracts == () for contracts, _ in results.values())
     assert observed["FLASHINFER"] == {"present": True, "read": False, "why": (
         f"not importable: importing {pkg}.flashinfer raised ModuleNotFoundError: No module named "
         "'kvconform_no_such_dependency'")}
@@ -356,14 +365,14 @@ def test_a_backend_module_that_fails_to_import_is_recorded_unreadable_and_named_
     fi = Contract.of(BLOCKS_FIRST, BLOCKS_FIRST, "vllm 0.26.0 FLASHINFER VLLM_KV_CACHE_LAYOUT=NHD")
     read = {"present": True, "read": True}
     recorded = fixtures.Recording("0.26.0", (fi,), {"backends": {"FLASHINFER": read, "TRITON_ATTN": read}})
-    lines = fixtures.drift(recorded, fixtures.Recording("0.26.0", (), {"backends": observed}))
+    lines = drift.drift(recorded, fixtures.Recording("0.26.0", (), {"backends": observed}))
     assert lines == [f"backend FLASHINFER could not be imported or read: {observed['FLASHINFER']['why']}; the "
                      "recording read 1 contract from it",
                      f"backend TRITON_ATTN could not be imported or read: {observed['TRITON_ATTN']['why']}"]
 
 
 def test_the_probe_records_the_layout_api_and_its_stand_in_answers_like_the_release(monkeypatch):
-    from harness import fixtures
+    from harness import drift
     from harness.backends import layout_env
     from harness.vllm_api.standins import StandIns
     from harness.vllm_api.surface import Api
@@ -381,5 +390,5 @@ def test_the_probe_records_the_layout_api_and_its_stand_in_answers_like_the_rele
                 assert stand.get_kv_cache_stride_order(flag) == tuple(fa.get_kv_cache_stride_order(flag))
     # The same release with another shape: the live drift check names the answers that moved.
     _shape_era(monkeypatch, family="packed", stride="layers", write="method")
-    moved = fixtures.drift(rec, p.probe())
+    moved = drift.drift(rec, p.probe())
     assert any(line.startswith("layout API: FLASH_ATTN: ") and "get_kv_cache_shape" in line for line in moved), moved

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from harness import fixtures
+from harness.drift import drift
 from harness.backends import LAYOUT_ENV, LAYOUT_VALUES
 from harness.contract import ContractError
 from harness.vllm_api import ApiError, CannotAnswer, ReplayError, api_of, backend_class, replaying, stand_ins
@@ -124,9 +125,9 @@ def test_a_planted_wrong_answer_is_drift() -> None:
     b = next(b for b in wrong["backends"].values() if b.get("answers"))
     a = next(a for a in b["answers"] if "result" in a)
     a["result"] = {"tuple": [1, 2, 3]} if a["result"] != {"tuple": [1, 2, 3]} else "other"
-    diff = fixtures.drift(dataclasses.replace(rec, api=wrong), rec)
+    diff = drift(dataclasses.replace(rec, api=wrong), rec)
     assert any(line.startswith("layout API: ") and a["call"] in line for line in diff), diff
-    assert fixtures.drift(rec, rec) == []
+    assert drift(rec, rec) == []
     gone = copy.deepcopy(rec.api)
     first = next(iter(gone["backends"].values()))
     first.get("members", {}).pop(next(iter(first.get("members", {"x": 0}))), None)

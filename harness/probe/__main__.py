@@ -15,6 +15,7 @@ import sys
 import time
 
 from harness import fixtures
+from harness.drift import drift
 from harness.probe import ProbeError, probe, release
 
 
@@ -37,7 +38,7 @@ def main(argv: list[str]) -> int:
     for c in live.contracts:
         print(f"  {c.describe()}")
     if args.check:
-        diff = fixtures.drift(fixtures.load(name), live)
+        diff = drift(fixtures.load(name), live)
         for line in diff:
             print(f"DRIFT vllm {name}: {line}", file=sys.stderr)
         print(f"vllm {name}: {'drift' if diff else 'no drift'} against {fixtures.path(name)}")

@@ -20,13 +20,13 @@ import contextlib
 import enum
 import inspect
 import types
-from collections.abc import Iterator
 from typing import Any
 
-from harness.probe import observe as p
 from harness.backends import BACKENDS, LAYOUT_VALUES, layout_env
 from harness.contract import CACHE_DTYPES
-from harness.probe import backends
+from harness.probe.era_stride import takes_cache_dtype
+from harness.probe.imports import NotImportable, backend, device, module
+from harness.probe.observe import HEAD_DIM_V, patched
 from harness.vllm_api import surface
 
 # (num_blocks, block_size, num_kv_heads, head_size): DIMS, other sizes, modelopt's plugin's sentinel, an
@@ -35,51 +35,32 @@ SHAPE_SIZES = ((3, 16, 4, 32), (7, 32, 2, 64), (3, 16, 1, 16), (1234, 16, 8, 128
 BLOCK_SIZES = (1, 8, 24, 64, 272)  # at DIMS' other sizes: which block sizes a backend refuses
 BAD_DTYPE = "no_such_dtype"
 LAYOUT_SETTINGS = (*LAYOUT_VALUES, None, "XYZ")  # None: the setting unset; XYZ: a value no release accepts
-HEAD_SIZE_V = 24  # the diff-KV backends' class state while they are asked (as harness.probe.backends.HEAD_DIM_V)
 
 
-def record(enum_era: bool) -> dict[str, Any]:
+def record() -> dict[str, Any]:
     """The installed release's layout API surface and answers (the recording's `api` field)."""
     out: dict[str, Any] = {"format": surface.FORMAT, "modules": {}, "backends": {}}
     for name, wanted in surface.MODULES.items():
-        mod = p.module(name)
+        mod = module(name)
         out["modules"][name] = None if mod is None else _module(mod, wanted)
     for b in BACKENDS:
         try:
-            with _importing(b.path):
-                mod = p.module(b.path)
-        except p.ProbeError as e:
+            with backend(b) as (mod, cls, _):
+                if cls is None:
+                    out["backends"][b.name] = {"present": False}
+                    continue
+                try:
+                    out["backends"][b.name] = {
+                        "present": True, "module": b.path, "class": b.cls,
+                        "members": {n: surface.describe(cls, n) for n in surface.BACKEND_MEMBERS if hasattr(cls, n)},
+                        "module_names": sorted(n for n in vars(mod) if not n.startswith("_")),
+                        "answers": _answers(b, cls, mod),
+                    }
+                except Exception as e:  # noqa: BLE001 - kept, named: replay refuses this backend's stand-in with it
+                    out["backends"][b.name] = {"present": True, "error": f"{type(e).__name__}: {e}"}
+        except NotImportable as e:
             out["backends"][b.name] = {"present": True, "error": str(e)}
-            continue
-        cls = getattr(mod, b.cls, None) if mod is not None else None
-        if cls is None:
-            out["backends"][b.name] = {"present": False}
-            continue
-        try:
-            out["backends"][b.name] = {
-                "present": True, "module": b.path, "class": b.cls,
-                "members": {n: surface.describe(cls, n) for n in surface.BACKEND_MEMBERS if hasattr(cls, n)},
-                "module_names": sorted(n for n in vars(mod) if not n.startswith("_")),
-                "answers": _answers(b, cls, mod),
-            }
-        except Exception as e:  # noqa: BLE001 - kept, named: replay refuses this backend's stand-in with it
-            out["backends"][b.name] = {"present": True, "error": f"{type(e).__name__}: {e}"}
     return out
-
-
-@contextlib.contextmanager
-def _importing(path: str) -> Iterator[None]:
-    """A backend module imported as harness.probe.backends.read imports it: with a missing GPU library stubbed."""
-    try:
-        p.module(path)
-    except p.ProbeError as e:
-        missing = (getattr(e.__cause__, "name", None) or "").split(".")[0]
-        if missing not in p.GPU_LIBRARIES:
-            raise
-        with backends.stubs(missing):
-            yield
-        return
-    yield
 
 
 def _module(mod: types.ModuleType, wanted: tuple[str, ...]) -> dict[str, Any]:
@@ -102,7 +83,7 @@ def _module(mod: types.ModuleType, wanted: tuple[str, ...]) -> dict[str, Any]:
 
 def _answers(b, cls: type, mod: types.ModuleType) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    state = {"head_size_v": HEAD_SIZE_V} if "head_size_v" in vars(cls) or b.diff_kv else {}
+    state = {"head_size_v": HEAD_DIM_V} if "head_size_v" in vars(cls) or b.diff_kv else {}
 
     def ask(method: str, args: tuple = (), kwargs: dict | None = None, **where: Any) -> None:
         fn = getattr(cls, method)
@@ -110,9 +91,9 @@ def _answers(b, cls: type, mod: types.ModuleType) -> list[dict[str, Any]]:
 
     with contextlib.ExitStack() as stack:
         for k, v in state.items():
-            stack.enter_context(p.patched(cls, k, v))
+            stack.enter_context(patched(cls, k, v))
         if hasattr(cls, "get_kv_cache_shape"):
-            takes = backends.takes_cache_dtype(cls)
+            takes = takes_cache_dtype(cls)
             for sizes in SHAPE_SIZES:
                 ask("get_kv_cache_shape", sizes, state=state)
                 for dtype in _dtype_strings(cls) if takes else ():
@@ -130,7 +111,7 @@ def _answers(b, cls: type, mod: types.ModuleType) -> list[dict[str, Any]]:
     if hasattr(cls, "supported_kv_cache_layouts"):
         ask("supported_kv_cache_layouts", device=None)
         for cap in surface.DEVICE_CLASSES:
-            with _device(mod, cap):
+            with device(mod, cap):
                 ask("supported_kv_cache_layouts", device=f"sm{cap[0]}{cap[1]}")
     for n in surface.FLAGS:
         if callable(getattr(cls, n, None)):
@@ -141,11 +122,3 @@ def _answers(b, cls: type, mod: types.ModuleType) -> list[dict[str, Any]]:
 def _dtype_strings(cls: type) -> list[str]:
     declared = list(getattr(cls, "supported_kv_cache_dtypes", None) or ())
     return list(dict.fromkeys(["auto", "float16", "bfloat16", "fp8", *CACHE_DTYPES, *declared, BAD_DTYPE]))
-
-
-def _device(mod: types.ModuleType, cap: tuple[int, int]):
-    platform = p.module("vllm.platforms.interface")
-    stub = types.SimpleNamespace(get_device_capability=lambda *a, **k: platform.DeviceCapability(*cap),
-                                 is_device_capability=lambda c: c == cap[0] * 10 + cap[1],
-                                 is_device_capability_family=lambda c: c // 10 == cap[0])
-    return p.patched(mod, "current_platform", stub) if hasattr(mod, "current_platform") else contextlib.nullcontext()

@@ -1,101 +1,111 @@
-"""vLLM 0.29 -: no get_kv_cache_shape. vllm/v1/kv_cache_layout.py's KVCacheLayout enum names each physical
-order of the logical [L, B, H, N, C] allocation (C = 2*head_dim bytes-worth: K then V), and
+"""vLLM 0.29 -: no get_kv_cache_shape. vllm/v1/kv_cache_layout.py's KVCacheLayout enum names each physical order
+of the logical [L, B, H, N, C] allocation (C = 2*head_dim bytes-worth: K then V), and
 kv_cache_interface.create_kv_cache_views cuts the per-layer [B, H, N, C] views out of one flat buffer.
-VLLM_KV_CACHE_LAYOUT picks a member among those the backend accepts (FLASH_ATTN's supported_kv_cache_layouts()
-returns None: all of them). Every member is probed with one layer and with DIMS.num_layers sharing a buffer;
-the write goes through FlashAttentionImpl.do_kv_cache_update.
+VLLM_KV_CACHE_LAYOUT picks a member among those the backend accepts (`supported_kv_cache_layouts()`, None: all;
+FlashInfer answers per device class, so it is asked once per class of surface.DEVICE_CLASSES). A backend's spec is
+its `customize_spec` of an attention spec of the cache dtype; every member is read with one layer and with
+DIMS.num_layers sharing a buffer; the write goes through the impl's do_kv_cache_update.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from harness.probe import observe as p
-from harness.contract import Dims
-from harness.fixtures import Recording
-from harness.probe import era_write
-from harness.probe.era_stride import FA, SINGLE
+from harness.backends import Backend
+from harness.contract import CACHE_DTYPES, Contract, Dims
+from harness.probe import era_write, write
+from harness.probe.imports import device, module
+from harness.probe.observe import DIMS, ProbeError, axes, check_view, contract, dims, physical, view_record
+from harness.vllm_api.surface import DEVICE_CLASSES
 
 LAYOUT = "vllm.v1.kv_cache_layout"
 IFACE = "vllm.v1.kv_cache_interface"
-ENUM_AXES = ("L", "B", "H", "N", "C")  # the enum's logical axis order (its module docstring and _DIM_* constants)
 
 
 def missing() -> str | None:
-    layout = p.module(LAYOUT)
+    layout = module(LAYOUT)
     if layout is None or not hasattr(layout, "KVCacheLayout"):
         return f"no {LAYOUT}.KVCacheLayout"
-    iface = p.module(IFACE)
+    iface = module(IFACE)
     for name in ("create_kv_cache_views", "compute_layout_strides", "KVCacheTensor", "FullAttentionSpec"):
         if not hasattr(iface, name):
             return f"{IFACE} has no {name}"
-    fa = p.module(FA)
-    if fa is None or not hasattr(fa, "FlashAttentionImpl"):
-        return f"no {FA}.FlashAttentionImpl"
-    if "do_kv_cache_update" not in vars(fa.FlashAttentionImpl):
-        return "FlashAttentionImpl has no do_kv_cache_update"
-    return None
+    return era_write.write_method_missing()
 
 
-def probe(version: str) -> Recording:
-    fa = p.module(FA)
-    layouts = p.module(LAYOUT).KVCacheLayout
-    be = fa.FlashAttentionBackend
-    supported = be.supported_kv_cache_layouts()
-    members = list(layouts) if supported is None else list(supported)
-    path, write = era_write.method_write(fa)
-    calls: list = []
-    contracts, settings = [], {}
-    with p.patched(fa, "reshape_and_cache_flash", p.scatter(calls, stop=False)):
-        for member in members:
-            for dims, what in ((SINGLE, "single-layer"), (p.DIMS, "cross-layer")):
-                c, obs = _layout(member, dims, f"vllm {version} {be.get_name()} {member.name} {what}", path, write, calls)
-                contracts.append(c)
-                settings[f"{member.name} {what}"] = obs
-    observations = {
-        "era": "era_enum",
-        "method": "KVCacheLayout + create_kv_cache_views + FlashAttentionImpl.do_kv_cache_update write",
-        "dims": vars(p.DIMS),
-        "slots": list(p.SLOTS),
-        "layouts": [m.name for m in layouts],
-        "supported_kv_cache_layouts": None if supported is None else [m.name for m in supported],
-        "settings": settings,
-    }
-    return Recording(version, p.dedupe(contracts), observations)
+def facts() -> dict[str, Any]:
+    return {"era": "era_enum", "method": "KVCacheLayout + create_kv_cache_views + "
+            "FlashAttentionImpl.do_kv_cache_update write", "layouts": [m.name for m in module(LAYOUT).KVCacheLayout]}
 
 
-def _layout(member, dims: Dims, origin: str, path: str, write, calls) -> tuple[Any, dict]:
-    iface = p.module(IFACE)
-    spec = iface.FullAttentionSpec(
-        block_size=dims.block_size, num_kv_heads=dims.kv_heads, head_size=dims.head_dim, dtype=torch.float32
-    )
-    strides = iface.compute_layout_strides(spec, dims.num_blocks, dims.num_layers, member)
-    names = [f"layers.{i}" for i in range(dims.num_layers)]
-    size = spec.page_size_bytes * dims.num_blocks * dims.num_layers
-    tensor = iface.KVCacheTensor(size=size, layers=names, layer_stride=strides[0], block_stride=strides[1])
-    raw = torch.empty(size, dtype=torch.int8)
-    views = iface.create_kv_cache_views(raw, spec, dims.num_blocks, member, tensor)
-    kv_cache = views[dims.layer]
-    logical = p.axes(tuple(kv_cache.shape), "create_kv_cache_views")
-    named = dict(zip(logical, kv_cache.stride()))
-    if dims.num_layers > 1:
-        named["L"] = views[1].storage_offset() - views[0].storage_offset()
-    phys = p.physical(named)
-    declared = tuple(ENUM_AXES[i] for i in member.stride_order if dims.num_layers > 1 or ENUM_AXES[i] != "L")
-    if phys != declared:
-        raise p.ProbeError(
-            f"{member} declares physical order {'.'.join(declared)} but create_kv_cache_views built "
-            f"{'.'.join(phys)} (shape {tuple(kv_cache.shape)}, strides {kv_cache.stride()})"
-        )
-    c = p.contract(logical, phys, origin)
-    p.check_view(c, kv_cache, kv_cache.storage_offset(), dims)
-    obs = {
-        "stride_order": list(member.stride_order),
-        "layer_stride_bytes": strides[0],
-        "block_stride_bytes": strides[1],
-        "kv_cache": p.view_record(kv_cache),
-        "write": p.observe_write(write, kv_cache, raw.view(torch.float32), c, path, calls),
-    }
-    return c, obs
+def views(version: str, b: Backend, cls: type, cache_dtype: str,
+          mod: types.ModuleType) -> Iterator[tuple[str, list[Contract], dict[str, Any]]]:
+    """(setting, [contract], record) per KVCacheLayout member the backend accepts on some device class, one layer
+    and DIMS.num_layers layers in one buffer."""
+    iface = module(IFACE)
+    allowed: dict[Any, list[str]] = {}
+    for cap in DEVICE_CLASSES:
+        with device(mod, cap):
+            supported = cls.supported_kv_cache_layouts()
+        for member in list(module(LAYOUT).KVCacheLayout) if supported is None else list(supported):
+            allowed.setdefault(member, []).append(f"sm{cap[0]}{cap[1]}")
+    for member, classes in allowed.items():
+        for count, what in ((1, "single-layer"), (DIMS.num_layers, "cross-layer")):
+            d = dims(b, count)
+            spec = _spec(iface, b, cls, cache_dtype, d)
+            strides = iface.compute_layout_strides(spec, d.num_blocks, d.num_layers, member)
+            tensor = iface.KVCacheTensor(size=spec.page_size_bytes * d.num_blocks * d.num_layers,
+                                         layers=[f"layers.{i}" for i in range(d.num_layers)],
+                                         layer_stride=strides[0], block_stride=strides[1])
+            raw = torch.empty(tensor.size, dtype=torch.int8)
+            made = iface.create_kv_cache_views(raw, spec, d.num_blocks, member, tensor)
+            kv_cache = made[d.layer]
+            logical = axes(b, cache_dtype, tuple(kv_cache.shape), "create_kv_cache_views")
+            named = {a: s for a, s, n in zip(logical, kv_cache.stride(), kv_cache.shape) if n > 1}
+            if count > 1:
+                named["L"] = made[1].storage_offset() - made[0].storage_offset()
+            phys = _physical(logical, named, member, count)
+            only = "" if len(classes) == len(DEVICE_CLASSES) else f" ({', '.join(classes)})"
+            setting = f"{member.name} {what}{only}"
+            c = contract(b, logical, phys, f"vllm {version} {b.name} {setting}", cache_dtype)
+            check_view(c, kv_cache, kv_cache.storage_offset(), d)
+            yield setting, [c], {
+                "stride_order": list(member.stride_order), "device_classes": classes,
+                "spec": {"num_heads": spec.num_heads, "state_content_size_bytes": spec.state_content_size_bytes,
+                         "dtype": str(spec.dtype)},
+                "kv_cache": view_record(kv_cache),
+                "write": write.observed(write.METHOD, b, cls, mod, c, kv_cache, raw.view(kv_cache.dtype))}
+
+
+def _spec(iface, b: Backend, cls: type, cache_dtype: str, d: Dims):
+    element = CACHE_DTYPES[cache_dtype].element or torch.float16
+    fields = {f.name for f in dataclasses.fields(iface.FullAttentionSpec)}
+    kw: dict[str, Any] = dict(block_size=d.block_size, num_kv_heads=d.kv_heads, head_size=d.head_dim, dtype=element)
+    if "kv_quant_mode" in fields:
+        kw["kv_quant_mode"] = iface.get_kv_quant_mode(cache_dtype)
+    if b.latent:
+        kw["cache_dtype_str"] = cache_dtype
+        spec = iface.MLAAttentionSpec(**kw)
+    else:
+        if b.diff_kv:
+            kw["head_size_v"] = d.v_dim
+        spec = iface.FullAttentionSpec(**kw)
+    customize = getattr(cls, "customize_spec", None)
+    return customize(spec) if customize is not None else spec
+
+
+def _physical(logical, named: dict[str, int], member, count: int) -> tuple[str, ...]:
+    # A size-1 axis (a latent cache's one head slot) has no telling stride: the layout member places it.
+    heads = "S" if "S" in logical else "H"
+    enum_axes = ("L", "B", heads, "N", logical[-1])
+    declared = tuple(enum_axes[i] for i in member.stride_order if count > 1 or enum_axes[i] != "L")
+    phys = physical(named)
+    if tuple(a for a in declared if a in named) != phys:
+        raise ProbeError(f"{member} declares physical order {'.'.join(declared)} but create_kv_cache_views "
+                         f"built {'.'.join(phys)} (strides {named})")
+    return declared

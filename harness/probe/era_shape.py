@@ -1,12 +1,16 @@
-"""vLLM 0.8.5: FlashAttentionBackend.get_kv_cache_shape only; no stride order, so the allocation is the logical
-shape itself and no env switch moves it. The write is the first thing forward does, through
-torch.ops._C_cache_ops.reshape_and_cache_flash (patched like the module-level op of later eras).
+"""vLLM 0.8.5: a backend's get_kv_cache_shape only; no stride order, so the allocation is the logical shape itself
+and no env switch moves it. The write is the first thing an impl's forward does, through
+torch.ops._C_cache_ops.reshape_and_cache_flash (patched like the module-level op of later eras). Every backend is
+read as in era_stride, whose `views` names the one setting `default`.
 """
 
 from __future__ import annotations
 
-from harness.fixtures import Recording
+from typing import Any
+
 from harness.probe import era_stride
+
+views = era_stride.views
 
 
 def missing() -> str | None:
@@ -14,6 +18,5 @@ def missing() -> str | None:
     return None if fa is not None else be
 
 
-def probe(version: str) -> Recording:
-    fa, be = era_stride.backend()
-    return era_stride.read(version, "era_shape", fa, be, era_stride.forward_write(fa), stride_order=False)
+def facts() -> dict[str, Any]:
+    return {"era": "era_shape", "method": "get_kv_cache_shape + FlashAttentionImpl.forward write"}

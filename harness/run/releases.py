@@ -9,6 +9,7 @@ from pathlib import Path
 
 from harness import fixtures, matrix
 from harness.contract import Contract, ContractError
+from harness.drift import drift
 from harness.fixtures import Recording
 from harness.probe import ProbeError, probe, release as installed_release
 
@@ -68,7 +69,7 @@ def load_release(release: str, contracts_dir: Path) -> ReleaseContracts:
         return ReleaseContracts(release, "live", live.contracts, drift=(f"no recording of {release} to compare",),
                                 unmodelled=unmodelled)
     return ReleaseContracts(release, "live", live.contracts, unmodelled=unmodelled,
-                            drift=tuple(fixtures.drift(fixtures.load(release, contracts_dir), live)))
+                            drift=tuple(drift(fixtures.load(release, contracts_dir), live)))
 
 
 def releases_asked(asked: list[str], contracts_dir: Path) -> list[str]:

@@ -27,7 +27,7 @@ BACKEND_MEMBERS = (
     "get_impl_cls",
 )
 FLAGS = ("get_name", "is_mla", "is_sparse", "get_required_kv_cache_layout")  # zero-argument: asked once each
-DEVICE_CLASSES = ((9, 0), (10, 0))  # as harness.probe.backends.CAPABILITIES
+DEVICE_CLASSES = ((9, 0), (10, 0))  # compute capabilities a backend may answer differently for (Hopper, Blackwell)
 
 # Modules whose layout names a consumer imports, and the names of each that are layout API.
 MODULES = {
