@@ -1,21 +1,19 @@
 """Every check kvconform records, each declared once: what it needs of a subject, what its examples launch, where its
 items run, how its examples are drawn, and what its stored words mean for it. The runner, the plugin, the report and
 the benchmarks read these declarations; the suites in conformance/ implement the checks (a module per check, whose
-`CHECK` is its declaration here). Nothing else names a check.
+`CHECK` is its declaration here), harness.run.draws binds each to the strategies that draw its examples, and the
+performance lane (harness.performance) says which check a cell it could not time would have failed.
 
 Launches: `subject` examples run the subject's kernels (they are the kernel examples, wait for the warm-up and are
 counted by the benchmarks); `vllm` examples run vLLM's own device op; `none` look at views of a tensor and cost about
 1/20 of a launch, so they get CHEAP_FACTOR times the examples. Items run in `order` (stored regressions first).
 A check with no suite module (`module` empty) is recorded by another's: drift by the contracts suite, install by
-the nox session, `K/V checks` for the geometries no K/V check covers. Strategies are named "module:function" and
-imported where examples are drawn, so that this module imports nothing (nox's own interpreter reads it). Every
-check that hands a subject a cache runs `explicit` examples first on every target: harness.strategies.ambiguous, the
-sizes at which a shape-only reading of the cache is ambiguous.
+the nox session, `K/V checks` for the geometries no K/V check covers. This module imports nothing (nox's own
+interpreter reads it).
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 
 CHEAP_FACTOR = 5  # examples of a check that launches nothing, per example of one that launches kernels
@@ -24,16 +22,13 @@ CHEAP_FACTOR = 5  # examples of a check that launches nothing, per example of on
 @dataclass(frozen=True)
 class Check:
     """One check: its name in result lines, the subject capabilities it needs (harness.subjects), what its examples
-    launch, its items' place in a run, the strategies of its examples and of its own argument, explicit examples
-    that always run first, what its words mean, and the one sparsity mode its cases take where it takes one."""
+    launch, its items' place in a run, what its words mean, and the one sparsity mode its cases take where it takes
+    one."""
 
     name: str
     needs: frozenset[str] = frozenset()
     launches: str = "none"  # "subject", "vllm" or "none"
     order: int = 1
-    strategy: str = ""  # (contracts, sizes) -> examples; "": harness.strategies.examples
-    explicit: str = ""  # (contract, sizes) -> [(example, extra)] that always run first
-    extra: str = ""  # () -> the strategy of the check's own argument; "": none
     says: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
     module: str = ""  # its suite module under conformance/ ("" when another records it)
     mode: str = ""  # the one sparsity mode its examples take ("": every mode)
@@ -62,26 +57,22 @@ class Check:
 INSTALL = Check("install", order=0)
 CONTRACTS = Check("contracts", order=1, module="test_contracts")
 DRIFT = Check("drift", order=1, says={"bit-identical": "no drift", "differs": "drift"})
-SPLIT_AGREES = Check("split-agrees", frozenset({"split"}), explicit="harness.strategies:explicit",
-                     module="test_split", says={"bit-identical": "agrees", "differs": "disagrees"})
-REJECTS_MALFORMED = Check("rejects-malformed", frozenset({"split"}), explicit="harness.strategies:explicit_malformed",
-                          extra="harness.strategies:malformations", module="test_malformed")
-TRANSFER = Check("transfer", frozenset({"transfer"}), strategy="harness.transfer:examples",
-                 explicit="harness.transfer:explicit", extra="harness.transfer:seeds", module="test_transfer")
-RELAYOUT = Check("relayout", frozenset({"transfer"}), strategy="harness.transfer:examples",
-                 explicit="harness.transfer:explicit", extra="harness.transfer:seeds", module="test_relayout",
+SPLIT_AGREES = Check("split-agrees", frozenset({"split"}), module="test_split", says={"bit-identical": "agrees", "differs": "disagrees"})
+REJECTS_MALFORMED = Check("rejects-malformed", frozenset({"split"}), module="test_malformed")
+TRANSFER = Check("transfer", frozenset({"transfer"}), module="test_transfer")
+RELAYOUT = Check("relayout", frozenset({"transfer"}), module="test_relayout",
                  says={"bit-identical": "values kept", "rejected": "refused", "differs": "values moved"})
 KV_CHECKS = Check("K/V checks", order=1)  # the not-applicable lines of geometries no K/V check covers
 VLLM_WRITE = Check("vllm-write", launches="vllm", order=1, module="test_vllm_write")
 ORACLE = Check("oracle", frozenset({"forward"}), launches="subject", order=2, module="test_oracle",
                says={"differs": "out of tolerance"})  # its items are the longest: they start first
 BIT_IDENTITY = Check("bit-identity", frozenset({"split", "forward"}), launches="subject", order=3,
-                     explicit="harness.strategies:explicit", module="test_bit_identity")
+                     module="test_bit_identity")
 DETERMINISM = Check("determinism", frozenset({"split", "forward"}), launches="subject", order=3,
-                    explicit="harness.strategies:explicit", module="test_determinism",
+                    module="test_determinism",
                     says={"differs": "nondeterministic"})
 ULP_AUTOTUNED = Check("ulp-autotuned", frozenset({"split", "forward", "autotune"}), launches="subject", order=3,
-                      explicit="harness.strategies:explicit", module="test_ulp_autotuned", mode="none",
+                      module="test_ulp_autotuned", mode="none",
                       says={"differs": "beyond the rounding bound"})
 
 # In the order a reader follows a release: could it be installed and read, then the layout, then the kernels.
@@ -97,12 +88,6 @@ def get(name: str) -> Check:
         return BY_NAME[name]
     except KeyError:
         raise ValueError(f"no check named {name!r}; declared: {', '.join(BY_NAME)}") from None
-
-
-def resolve(ref: str):
-    """The function a "module:function" reference names."""
-    module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def says(check: str, word: str) -> str:

@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
 from hypothesis import settings  # noqa: E402
 
 from harness import checks, findings, fixtures, profiles, strategies  # noqa: E402
-from harness.run import loop, session as sessions, targets as targeting, trial  # noqa: E402
+from harness.run import draws, loop, session as sessions, targets as targeting, trial  # noqa: E402
 from kvconform.suites import test_malformed, test_relayout, test_split  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
@@ -81,7 +81,7 @@ def _malformed(tmp_path, subject):
 @pytest.mark.parametrize("spelling", list(SPELLINGS))
 def test_a_refusal_naming_the_shape_in_any_spelling_rejects_the_malformed_cache(tmp_path, ci, spelling):
     settled = _malformed(tmp_path, Raising(SPELLINGS[spelling]))
-    explicit = len(checks.resolve(checks.REJECTS_MALFORMED.explicit)(targeting.targets(
+    explicit = len(draws.of(checks.REJECTS_MALFORMED).explicit(targeting.targets(
         _session(tmp_path, Raising(SPELLINGS[spelling]), "0.25.1"))[0].contract, strategies.CPU))
     assert settled.ran == checks.CHEAP_FACTOR + explicit and settled.failure is None
 

@@ -2,6 +2,8 @@
 report, the benchmarks and the suites read the declarations."""
 
 import ast
+import re
+import sys
 from pathlib import Path
 
 from harness import checks
@@ -64,3 +66,14 @@ def test_every_suite_module_implements_one_declared_check():
     for name in modules:
         module = __import__(f"kvconform.suites.{name}", fromlist=["CHECK"])
         assert module.CHECK is checks.BY_NAME[module.CHECK.name] and module.CHECK.module == name
+
+
+def test_the_declarations_name_no_other_module_not_even_as_a_string():
+    # The report and nox's interpreter read harness/checks.py with the standard library alone; the strategies that
+    # draw a check's examples are bound in harness.run.draws, not named here for a lazy import.
+    tree = ast.parse(Path(checks.__file__).read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    assert not [s for s in strings if re.match(r"(harness|kvconform|conformance)\.\w+", s)]

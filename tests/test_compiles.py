@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from harness import checks, compiles, findings, fixtures  # noqa: E402
-from harness.run import session as sessions, targets as targeting, warmup  # noqa: E402
+from harness.run import draws, session as sessions, targets as targeting, warmup  # noqa: E402
 from harness.cases import Case  # noqa: E402
 from harness.contract import cache_dtype, families  # noqa: E402
 from harness.strategies import CPU, GPU, examples, warmup_shards  # noqa: E402
@@ -131,9 +131,9 @@ def test_the_warm_up_compiles_every_variant_the_explicit_examples_launch(session
     contracts = {t.contract.name: t.contract for t in targeting.targets(session, checks.BIT_IDENTITY)
                  if session.supports(t.release, t.contract) is None}
     ran = 0
-    for check in (c for c in checks.CHECKS if c.kernels and c.explicit):
+    for check in (c for c in checks.CHECKS if c.kernels and draws.of(c).explicit):
         for contract in contracts.values():
-            for ex, _ in checks.resolve(check.explicit)(contract, SIZES[sizes]):
+            for ex, _ in draws.of(check).explicit(contract, SIZES[sizes]):
                 assert SUBJECT.supports(ex.case) is None, ex.case
                 new = launches(ex.case, ex.contract, ex.dims, ex.paging()) - warmed[sizes]
                 assert not new, (check.name, ex.case, contract.name, sorted(new))

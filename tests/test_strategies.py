@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from harness import checks, fixtures, transfer
+from harness.run import draws
 from harness.cases import SPARSITY_MODES
 from harness.contract import Contract, cross_layer, families, views
 from harness.strategies import (AMBIGUOUS_KV_HEADS, CPU, GPU, MALFORMATIONS, Example, ambiguous, block_sizes,
@@ -167,8 +168,8 @@ def test_the_checks_that_hand_a_subject_a_cache_declare_the_ambiguous_examples()
                                                "test_bit_identity", "test_determinism", "test_ulp_autotuned"}
     c = families()[1]
     for check in CACHE_CHECKS:
-        assert check.explicit, check.name
-        got = [ex for ex, _ in checks.resolve(check.explicit)(c, CPU)]
+        assert draws.of(check).explicit, check.name
+        got = [ex for ex, _ in draws.of(check).explicit(c, CPU)]
         assert set(got) == set(ambiguous(c, CPU)), check.name
 
 
@@ -190,7 +191,7 @@ def test_every_targets_explicit_examples_hold_the_coinciding_sizes(device):
         if c.diff_kv:  # V narrower than K in one, wider in the other
             assert sorted(ex.head_dim_v > ex.case.head_dim for ex in built) == [False, True], (c.name, built)
         for check in CACHE_CHECKS:
-            pairs = checks.resolve(check.explicit)(c, sizes)
+            pairs = draws.of(check).explicit(c, sizes)
             extras = {extra for _, extra in pairs}
             if check is checks.REJECTS_MALFORMED:  # each malformation of each ambiguous example
                 assert sorted(pairs, key=repr) == sorted(((ex, m) for ex in built for m in MALFORMATIONS), key=repr)

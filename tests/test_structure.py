@@ -1,5 +1,7 @@
 """The library's shape: imports flow one way (no circle, no import inside a function that climbs back to a module
-that imports the importer), the core never imports the plugin, and no library module is over 500 lines."""
+that imports the importer), the core never imports the plugin, and no library module is over 500 lines. Importing a
+module runs the `__init__` of each package above it that the importer is not inside, so that import counts as an
+import of those packages too."""
 
 import ast
 from pathlib import Path
@@ -33,7 +35,9 @@ def _graph(modules: dict[str, Path]) -> dict[str, tuple[set[str], set[str]]]:
                     base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                     module = f"{base}.{module}" if module else base
                 names = [f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module for a in node.names]
-            return {n for n in names if n in modules and n != name}
+            found = {n for n in names if n in modules and n != name}
+            return found | {p for n in found for p in _packages_above(n, modules)
+                            if p != name and not name.startswith(p + ".")}
 
         def walk(node: ast.AST, inside: bool) -> None:
             for child in ast.iter_child_nodes(node):
@@ -44,6 +48,12 @@ def _graph(modules: dict[str, Path]) -> dict[str, tuple[set[str], set[str]]]:
         walk(ast.parse(path.read_text()), False)
         graph[name] = (top, inner)
     return graph
+
+
+def _packages_above(module: str, modules: dict[str, Path]) -> list[str]:
+    """The packages whose `__init__` runs when `module` is imported."""
+    parts = module.split(".")
+    return [p for i in range(1, len(parts)) if (p := ".".join(parts[:i])) in modules]
 
 
 def _reach(graph, start: str) -> set[str]:
@@ -109,3 +119,15 @@ def test_a_package_loading_its_own_part_that_imports_it_back_is_a_climb(tmp_path
     (tmp_path / "harness" / "p" / "part.py").write_text("from harness import p\n")
     assert _climbs(_graph(_modules(tmp_path))) == [
         "harness.p imports harness.p.part inside a function, and harness.p.part imports harness.p"]
+
+
+def test_a_lazy_import_that_climbs_back_through_a_package_init_is_a_climb(tmp_path):
+    # harness.f imports harness.v.s inside a function; importing it runs harness/v/__init__.py, which imports harness.f.
+    (tmp_path / "harness" / "v").mkdir(parents=True)
+    (tmp_path / "harness" / "__init__.py").write_text("")
+    (tmp_path / "harness" / "f.py").write_text("def drift():\n    from harness.v.s import diff\n")
+    (tmp_path / "harness" / "v" / "__init__.py").write_text("from harness import f\n")
+    (tmp_path / "harness" / "v" / "s.py").write_text("def diff():\n    pass\n")
+    graph = _graph(_modules(tmp_path))
+    assert graph["harness.f"] == (set(), {"harness.v.s", "harness.v"})
+    assert _climbs(graph) == ["harness.f imports harness.v inside a function, and harness.v imports harness.f"]

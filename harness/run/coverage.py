@@ -7,6 +7,7 @@ from harness import checks
 from harness.checks import Check
 from harness.contract import Contract
 from harness.results import Word
+from harness.run import draws
 from harness.run.session import Session
 from harness.run.targets import examples_per_item, outside, targets
 from harness.cases import SPARSITY_MODES
@@ -80,7 +81,7 @@ def plan(session: Session, max_examples: int) -> str:
             parts.append(f"{c.name} {examples_per_item(c, max_examples, 'none')} in each of {len(SPARSITY_MODES)} "
                          "sparsity modes, once per session")
             continue
-        explicit = len(checks.resolve(c.explicit)(sample.contract, session.sizes)) if c.explicit and sample else 0
+        explicit = len(draws.of(c).explicit(sample.contract, session.sizes)) if draws.of(c).explicit and sample else 0
         parts.append(f"{c.name} {examples_per_item(c, max_examples, c.mode)}"
                      + (f" + {explicit} explicit" if explicit else "")
                      + (f" (sparsity mode {c.mode} only)" if c.mode else "")

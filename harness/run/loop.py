@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from harness import checks, costs, findings, limits, profiles
 from harness.checks import Check
 from harness.results import Word
-from harness.run import regressions
+from harness.run import draws, regressions
 from harness.run.regressions import Regression
 from harness.run.releases import ReleaseContracts
 from harness.run.session import Session, supports_layer
@@ -75,24 +75,25 @@ class Loop:
         return Trial(target, check, ex, extra, self.s.subject, self.s.device)
 
     def run(self, target: Target, check: Check, fn: CheckFn) -> Settled:
-        """Check `fn` over generated examples of `target` as `check` declares them (harness.checks: its budget,
-        strategies and explicit examples); raises NewFinding only on a new finding. A target of one sparsity mode (its
-        own, or the one its check takes) gets its share of the examples."""
+        """Check `fn` over generated examples of `target`: `check`'s budget (harness.checks), its strategies and
+        explicit examples (harness.run.draws); raises NewFinding only on a new finding. A target of one sparsity mode
+        (its own, or the one its check takes) gets its share of the examples."""
         if check.mode and not target.mode:
             target = replace(target, mode=check.mode)
         state = Settled()
         sizes = self.s.sizes
-        strategy = (checks.resolve(check.strategy)([target.contract], sizes) if check.strategy else
+        drawn = draws.of(check)
+        strategy = (drawn.examples([target.contract], sizes) if drawn.examples else
                     examples([target.contract], sizes, cases(sizes, target.mode) if target.mode else None))
         count = examples_per_item(check, self.max_examples or settings.default.max_examples, target.mode)
 
         @settings(max_examples=count)
-        @given(ex=strategy, extra=checks.resolve(check.extra)() if check.extra else st.none())
+        @given(ex=strategy, extra=drawn.extra() if drawn.extra else st.none())
         def generated(ex: Example, extra) -> None:
             self._one(self.trial(target, check.name, ex, extra), check, fn, state)
 
         # Hypothesis runs the example attached last first: attached in reverse, they run in the order declared.
-        for ex, value in reversed(checks.resolve(check.explicit)(target.contract, sizes) if check.explicit else []):
+        for ex, value in reversed(drawn.explicit(target.contract, sizes) if drawn.explicit else []):
             generated = hypothesis.example(ex=ex, extra=value)(generated)
         generated = hypothesis.seed(item_seed(self.s.seed, check.name, target))(generated)
         return self._limited(target, check.name, state, generated)

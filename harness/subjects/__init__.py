@@ -197,32 +197,7 @@ def capabilities_of(subject: object) -> frozenset[str]:
     if missing:
         raise ValueError(f"subject {getattr(subject, 'name', type(subject).__name__)!r} declares "
                          f"{', '.join(sorted(caps))} but lacks methods: {'; '.join(missing)}")
-    _refuse_contract_protocol(subject)
     return caps
-
-
-NEW_SIGNATURES = {"split": "split(kv_cache, layer)", "extract": "extract(kv_cache, layer, block_ids)",
-                  "inject": "inject(kv_cache, layer, block_ids, payload)",
-                  "supports_contract": "supports_layer(layer)"}
-
-
-def _refuse_contract_protocol(subject: object) -> None:
-    """A subject written to take kvconform's contract (a `contract` parameter, `supports_contract`) gets one line
-    naming the layer protocol, rather than an AttributeError deep inside its first example."""
-    import inspect
-
-    name = getattr(subject, "name", type(subject).__name__)
-    for method, new in NEW_SIGNATURES.items():
-        fn = getattr(subject, method, None)
-        if fn is None:
-            continue
-        try:
-            params = inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            continue
-        if method == "supports_contract" or "contract" in params:
-            raise ValueError(f"subject {name!r}: {method}{inspect.signature(fn)} takes kvconform's contract; "
-                             f"subjects take the layer (harness.layer.Layer): {new}")
 
 
 def semantics_of(subject: Subject) -> SparsitySemantics:
