@@ -57,7 +57,8 @@ class Check:
 INSTALL = Check("install", order=0)
 CONTRACTS = Check("contracts", order=1, module="test_contracts")
 DRIFT = Check("drift", order=1, says={"bit-identical": "no drift", "differs": "drift"})
-SPLIT_AGREES = Check("split-agrees", frozenset({"split"}), module="test_split", says={"bit-identical": "agrees", "differs": "disagrees"})
+SPLIT_AGREES = Check("split-agrees", frozenset({"split"}), module="test_split",
+                     says={"bit-identical": "agrees", "differs": "disagrees"})
 REJECTS_MALFORMED = Check("rejects-malformed", frozenset({"split"}), module="test_malformed")
 TRANSFER = Check("transfer", frozenset({"transfer"}), module="test_transfer")
 RELAYOUT = Check("relayout", frozenset({"transfer"}), module="test_relayout",
@@ -69,11 +70,9 @@ ORACLE = Check("oracle", frozenset({"forward"}), launches="subject", order=2, mo
 BIT_IDENTITY = Check("bit-identity", frozenset({"split", "forward"}), launches="subject", order=3,
                      module="test_bit_identity")
 DETERMINISM = Check("determinism", frozenset({"split", "forward"}), launches="subject", order=3,
-                    module="test_determinism",
-                    says={"differs": "nondeterministic"})
+                    module="test_determinism", says={"differs": "nondeterministic"})
 ULP_AUTOTUNED = Check("ulp-autotuned", frozenset({"split", "forward", "autotune"}), launches="subject", order=3,
-                      module="test_ulp_autotuned", mode="none",
-                      says={"differs": "beyond the rounding bound"})
+                      module="test_ulp_autotuned", mode="none", says={"differs": "beyond the rounding bound"})
 
 # In the order a reader follows a release: could it be installed and read, then the layout, then the kernels.
 CHECKS = (INSTALL, CONTRACTS, DRIFT, SPLIT_AGREES, REJECTS_MALFORMED, TRANSFER, RELAYOUT, KV_CHECKS, BIT_IDENTITY,

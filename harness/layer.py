@@ -115,8 +115,7 @@ def contract_of(layer: Layer) -> Contract:
     with in_force(layer):
         cls = layer.backend
         if callable(getattr(cls, "get_kv_cache_shape", None)):
-            logical = axes(b, layer.cache_dtype, asked_shape(b, cls, layer.cache_dtype),
-                                    "get_kv_cache_shape")
+            logical = axes(b, layer.cache_dtype, asked_shape(b, cls, layer.cache_dtype), "get_kv_cache_shape")
             physical = _stride_ordered(cls, logical, layer.cross_layer)
         elif layer.kv_cache_layout and len(layer.kv_cache_layout) == len(ENUM_AXES):
             # An NVFP4 spec (FlashInfer's customize_spec, which the stand-ins do not model) keeps K and V as heads

@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from harness.backends import Backend
-from harness.contract import CACHE_DTYPES, Contract, Dims
+from harness.contract import Contract, Dims
 from harness.probe import era_write, write
 from harness.probe.imports import device, module
-from harness.probe.observe import DIMS, ProbeError, axes, check_view, contract, dims, physical, view_record
+from harness.probe.observe import (DIMS, ProbeError, axes, check_view, contract, dims, element, physical,
+                                   view_record)
 from harness.vllm_api.surface import DEVICE_CLASSES
 
 LAYOUT = "vllm.v1.kv_cache_layout"
@@ -83,9 +84,9 @@ def views(version: str, b: Backend, cls: type, cache_dtype: str,
 
 
 def _spec(iface, b: Backend, cls: type, cache_dtype: str, d: Dims):
-    element = CACHE_DTYPES[cache_dtype].element or torch.float16
     fields = {f.name for f in dataclasses.fields(iface.FullAttentionSpec)}
-    kw: dict[str, Any] = dict(block_size=d.block_size, num_kv_heads=d.kv_heads, head_size=d.head_dim, dtype=element)
+    kw: dict[str, Any] = dict(block_size=d.block_size, num_kv_heads=d.kv_heads, head_size=d.head_dim,
+                              dtype=element(cache_dtype))
     if "kv_quant_mode" in fields:
         kw["kv_quant_mode"] = iface.get_kv_quant_mode(cache_dtype)
     if b.latent:

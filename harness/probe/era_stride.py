@@ -21,7 +21,8 @@ from harness.backends import LAYOUT_ENV, LAYOUT_VALUES, Backend, layout_env
 from harness.contract import CACHE_DTYPES, Contract
 from harness.probe import write
 from harness.probe.imports import module
-from harness.probe.observe import DIMS, ProbeError, axes, check_view, contract, dims, patched, physical, view_record
+from harness.probe.observe import (DIMS, MODEL_DTYPE, ProbeError, axes, check_view, contract, dims, element, patched,
+                                   physical, view_record)
 
 FA = "vllm.v1.attention.backends.flash_attn"
 MIXIN = "vllm.v1.worker.kv_connector_model_runner_mixin"
@@ -114,12 +115,11 @@ def views(version: str, b: Backend, cls: type, cache_dtype: str, mod: types.Modu
                     orders[value] = tuple(stride_fn())
         except NotImplementedError:
             orders = {None: tuple(range(len(shape)))}
-    element = CACHE_DTYPES[cache_dtype].element or torch.float16
     for value, order in orders.items():
         setting = "default" if value is None else f"{LAYOUT_ENV}={value}"
         if sorted(order) != list(range(len(shape))):
             raise ProbeError(f"{b.name}.get_kv_cache_stride_order() returned {order} for shape {shape}")
-        buf = torch.empty(math.prod(shape), dtype=element)
+        buf = torch.empty(math.prod(shape), dtype=element(cache_dtype))
         kv_cache = buf.view([shape[i] for i in order]).permute(*[order.index(i) for i in range(len(order))])
         c = contract(b, logical, physical(dict(zip(logical, kv_cache.stride()))),
                      f"vllm {version} {b.name} {setting}", cache_dtype)
@@ -131,16 +131,15 @@ def views(version: str, b: Backend, cls: type, cache_dtype: str, mod: types.Modu
             found = [c]
             if (b.name, cache_dtype) == MODEL and value is not None and "include_num_layers_dimension" in \
                     inspect.signature(stride_fn).parameters:
-                cross, record["cross_layer"] = _cross_layer(version, b, cls, mod, setting, path)
+                cross, record["cross_layer"] = _cross_layer(version, b, cls, mod, setting, path, shape)
                 found += cross
         yield setting, found, record
 
 
-def _cross_layer(version: str, b: Backend, cls: type, mod: types.ModuleType, setting: str,
-                 path: str) -> tuple[list[Contract], dict[str, Any]]:
+def _cross_layer(version: str, b: Backend, cls: type, mod: types.ModuleType, setting: str, path: str,
+                 shape: tuple[int, ...]) -> tuple[list[Contract], dict[str, Any]]:
     """One allocation for all layers, built by the release's KV-connector allocator when its stride order moves
     the layer axis inward (vLLM only uses the cross-layer tensor then)."""
-    shape = asked_shape(b, cls, "auto")
     order = tuple(cls.get_kv_cache_stride_order(include_num_layers_dimension=True))
     obs: dict[str, Any] = {"stride_order": list(order)}
     if len(order) != len(shape) + 1:
@@ -154,7 +153,7 @@ def _cross_layer(version: str, b: Backend, cls: type, mod: types.ModuleType, set
     if allocate is None:
         raise ProbeError(f"{MIXIN}.KVConnectorModelRunnerMixin has no allocate_uniform_kv_caches")
     spec = module("vllm.v1.kv_cache_interface").FullAttentionSpec(
-        block_size=DIMS.block_size, num_kv_heads=DIMS.kv_heads, head_size=DIMS.head_dim, dtype=torch.float16)
+        block_size=DIMS.block_size, num_kv_heads=DIMS.kv_heads, head_size=DIMS.head_dim, dtype=MODEL_DTYPE)
     names = [f"layers.{i}" for i in range(DIMS.num_layers)]
     tensors = [types.SimpleNamespace(size=spec.page_size_bytes * DIMS.num_blocks, shared_by=[n]) for n in names]
     config = types.SimpleNamespace(kv_cache_tensors=tensors)

@@ -18,6 +18,7 @@ from harness.contract import CACHE_DTYPES, Contract, ContractError, Dims, views
 DIMS = Dims(num_blocks=3, block_size=16, kv_heads=4, head_dim=32, num_layers=5, layer=1)
 HEAD_DIM_V = 24  # V's head dim for the diff-KV backends: differs from every other size at DIMS
 SLOTS = (5, 32, 31, 41, 0)  # tokens in every block, at the first and last offsets of a block
+MODEL_DTYPE = torch.float16  # the model's dtype: what a cache of `auto` (and any values-only dtype) holds
 
 
 class ProbeError(ContractError):
@@ -31,6 +32,11 @@ def dims(b: Backend, num_layers: int = DIMS.num_layers) -> Dims:
     if b.latent:
         return dataclasses.replace(d, kv_heads=1)
     return dataclasses.replace(d, head_dim_v=HEAD_DIM_V) if b.diff_kv else d
+
+
+def element(cache_dtype: str) -> torch.dtype:
+    """The element type a cache of `cache_dtype` is allocated in."""
+    return CACHE_DTYPES[cache_dtype].element or MODEL_DTYPE
 
 
 def axes(b: Backend, cache_dtype: str, shape: tuple[int, ...], what: str, layers: bool = False) -> tuple[str, ...]:

@@ -81,7 +81,8 @@ def plan(session: Session, max_examples: int) -> str:
             parts.append(f"{c.name} {examples_per_item(c, max_examples, 'none')} in each of {len(SPARSITY_MODES)} "
                          "sparsity modes, once per session")
             continue
-        explicit = len(draws.of(c).explicit(sample.contract, session.sizes)) if draws.of(c).explicit and sample else 0
+        explicit_of = draws.of(c).explicit
+        explicit = len(explicit_of(sample.contract, session.sizes)) if explicit_of and sample else 0
         parts.append(f"{c.name} {examples_per_item(c, max_examples, c.mode)}"
                      + (f" + {explicit} explicit" if explicit else "")
                      + (f" (sparsity mode {c.mode} only)" if c.mode else "")
