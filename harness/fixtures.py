@@ -6,7 +6,9 @@ observations (the shapes, stride orders and write landings that the contracts we
 
 `python -m harness.fixtures table` prints the contract table across releases, backends and cache dtypes (markdown);
 `python -m harness.fixtures matrix` the same folded to release ranges x (backend, cache dtype);
-`python -m harness.fixtures api-changes` what a consumer can call, release by release (harness.api_history).
+`python -m harness.fixtures api-changes` what a consumer can call, release by release (harness.api_history);
+`python -m harness.fixtures allocations` what each release allocates for a whole model, and what changed between
+releases (harness.allocations).
 Recordings made before backends and cache dtypes were probed read as FLASH_ATTN model-dtype contracts (a contract
 without `cache_dtype` / `diff_kv` fields is `auto` / equal head dims), so they replay unchanged.
 `python -m harness.fixtures main-from 0.33.0` records `main` as a labelled copy of that release's probe: the
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import api_history
+from harness import allocations, api_history
 from harness.api_history import ROOT, releases  # where the recordings lie: the report reads them without torch
 from harness.contract import ALIASES, CACHE_DTYPES, Contract, ContractError
 
@@ -198,10 +200,14 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["api-changes"]:
         print(api_history.table())
         return 0
+    if argv[:1] == ["allocations"]:
+        print(allocations.table(), "", allocations.changes(), sep="\n")
+        return 0
     if argv[:1] == ["main-from"] and len(argv) == 2:
         print(f"recorded main as a copy of {main_from(argv[1]).observations['copied_from']}")
         return 0
-    print("usage: python -m harness.fixtures table | matrix | api-changes | main-from RELEASE", file=sys.stderr)
+    print("usage: python -m harness.fixtures table | matrix | api-changes | allocations | main-from RELEASE",
+          file=sys.stderr)
     return 2
 
 

@@ -300,6 +300,10 @@ def test_enum_era_reads_every_layout_single_and_cross_layer(monkeypatch):
     )
     shared = [c for c in rec.contracts if c.layout.physical == ("B", "N", "H", "C")][0]
     assert "LBNHC single-layer" in shared.origin.setting and "BLNHC single-layer" in shared.origin.setting
+    # The fake has the layer-level API only: the whole-model allocation is said not read, and why.
+    assert rec.observations["allocations"] == {"read": False, "why": "none of vllm.v1.core.kv_cache_planning, "
+                                               "vllm.v1.core.kv_cache_utils has get_kv_cache_groups and "
+                                               "get_kv_cache_config_from_groups"}
 
 
 def test_enum_and_view_builder_disagreeing_is_a_probe_error(monkeypatch):

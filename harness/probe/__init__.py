@@ -17,6 +17,11 @@ guessed) and checks the tensor the release built against the contract read, `wri
 write on the CPU to see where K and V land. Anything a reader cannot read raises ProbeError naming what was missing;
 a backend that cannot be imported or read is kept in the recording with why.
 
+One level up, `allocation` runs the release's own planner and allocator over a few whole models (MODELS: uniform,
+kernel blocks inside manager blocks, sliding-window and Mamba groups overlaid, padded pages, shared layers, MLA with
+its indexer, layers interleaved per block) and records what each layer and the KV connector are handed, or what the
+release refused.
+
 Adding a backend: add its line to harness.backends.BACKENDS and its cache dtypes to DTYPES. If its kv_cache splits
 K and V in a way no family of harness.contract expresses, add the family there first (FAMILIES, `split`, `size`);
 until then the probe rejects it by name.
@@ -31,7 +36,7 @@ from typing import Any
 from harness.backends import BACKENDS, Backend
 from harness.contract import ALIASES, Contract
 from harness.fixtures import Recording
-from harness.probe import api, era_enum, era_shape, era_stride, era_write
+from harness.probe import allocation, api, era_enum, era_shape, era_stride, era_write
 from harness.probe.imports import NotImportable, backend
 from harness.probe.observe import DIMS, SLOTS, ProbeError, dedupe
 
@@ -75,6 +80,7 @@ def probe() -> Recording:
     for b in BACKENDS:
         found, observations["backends"][b.name] = _backend(version, reader, b)
         contracts += found
+    observations["allocations"] = allocation.allocations()
     return Recording(version, tuple(contracts), observations, api.record())
 
 

@@ -14,7 +14,7 @@ import json
 import sys
 import time
 
-from harness import fixtures
+from harness import allocations, fixtures
 from harness.drift import drift
 from harness.probe import ProbeError, probe, release
 
@@ -37,6 +37,11 @@ def main(argv: list[str]) -> int:
     live = dataclasses.replace(live, release=name, observations=obs)
     for c in live.contracts:
         print(f"  {c.describe()}")
+    found = live.observations["allocations"]
+    for model, record in found.get("models", {}).items():
+        print(f"  allocation {model}: {allocations.cell(record)}")
+    if not found["read"]:
+        print(f"  allocations not read: {found['why']}")
     if args.check:
         diff = drift(fixtures.load(name), live)
         for line in diff:
