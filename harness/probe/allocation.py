@@ -4,7 +4,7 @@ Per model: the specs as the model runner hands them to the planner, `get_kv_cach
 `get_kv_cache_config_from_groups`, KV sharing (`add_kv_sharing_layers_to_kv_cache_groups`), the kernel block size of
 each group, then the allocation of the release's era (`era`): the free allocator `allocate_kv_cache` over the layout
 `resolve_kv_cache_layout` picks (0.29 -), or GPUModelRunner's own `initialize_kv_cache_tensors` on a runner holding
-only what it reads (0.12 - 0.28). What a layer is handed is what binding gives it; what the connector is handed is
+only what it reads (0.11 - 0.28). What a layer is handed is what binding gives it; what the connector is handed is
 what the runner passes `register_kv_caches` (or `register_cross_layers_kv_cache`). The device is the CPU.
 
 Bytes are counted from the start of each allocation. A layer's kernel block k belongs to manager block m when all
@@ -37,7 +37,7 @@ Cache = torch.Tensor | list[torch.Tensor]  # a Mamba layer of the runner's relea
 
 def era() -> tuple[str | None, str]:
     """("free", what) where the release has the free allocator (0.29 -), ("runner", what) where the model runner's
-    own methods allocate over the planner's groups and kernel block sizes (0.12 - 0.28), (None, why) otherwise."""
+    own methods allocate over the planner's groups and kernel block sizes (0.11 - 0.28), (None, why) otherwise."""
     worker, utils, planner = module(WORKER), module(ATTN_UTILS), _planner()
     if planner is None:
         return None, f"none of {', '.join(PLANNERS)} has get_kv_cache_groups and get_kv_cache_config_from_groups"
@@ -50,7 +50,9 @@ def era() -> tuple[str | None, str]:
         runner = getattr(module(RUNNER), "GPUModelRunner", None)
     except Exception as e:  # noqa: BLE001 - why this release is not read
         return None, f"importing {RUNNER} raised {type(e).__name__}: {e}"
-    if runner is not None and "kernel_block_sizes" in inspect.signature(runner.initialize_kv_cache_tensors).parameters:
+    if runner is None:
+        return None, f"no {RUNNER}.GPUModelRunner"
+    if "kernel_block_sizes" in inspect.signature(runner.initialize_kv_cache_tensors).parameters:
         return "runner", f"{RUNNER}.GPUModelRunner.initialize_kv_cache_tensors"
     return None, f"{RUNNER}.GPUModelRunner.initialize_kv_cache_tensors takes no kernel block sizes"
 
@@ -155,7 +157,7 @@ def _plan_and_allocate(m: Model, classes: dict[Any, type], kind: str, vllm_confi
         groups = planner.get_kv_cache_groups(vllm_config, specs)
     with _step("get_kv_cache_config_from_groups"):
         plan = planner.get_kv_cache_config_from_groups
-        # Until 0.11 it also took the specs by layer.
+        # Through 0.11 it also takes the specs by layer.
         extra = {"kv_cache_specs": specs} if "kv_cache_specs" in inspect.signature(plan).parameters else {}
         config = plan(vllm_config, groups, available_memory=1 << 40, **extra)
     runner_only: set[str] = set()  # the shared layers, where the release lists them as the runner's alone
@@ -335,7 +337,7 @@ def view_bytes(t: torch.Tensor, allocation: int) -> dict[str, Any]:
     size = t.element_size()
     stride = [s * size for s in t.stride()]
     offset = t.storage_offset() * size
-    end = offset + sum((n - 1) * s for n, s in zip(t.shape, stride)) + size if t.numel() else offset
+    end = offset + sum((n - 1) * s for n, s in zip(t.shape, stride, strict=True)) + size if t.numel() else offset
     return {"allocation": allocation, "shape": list(t.shape), "stride_bytes": stride, "offset_bytes": offset,
             "span": [offset, end], "dtype": str(t.dtype).removeprefix("torch.")}
 
