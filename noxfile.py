@@ -255,10 +255,12 @@ def _timed_install(session: nox.Session, r: matrix.Release, python: matrix.Inter
 
 @nox.session(venv_backend="none")
 def report(session: nox.Session) -> None:
-    """Fold results/*/results.jsonl into results/report.md, report.html and report.json. Installs nothing: the
-    report imports only the standard library, so nox's own interpreter runs it from the repository root."""
-    session.run(sys.executable, "-m", "harness.report", "results", *session.posargs, env={"PYTHONPATH": str(ROOT)},
-                external=True)
+    """Fold DIR/*/results.jsonl into DIR/report.md, report.html and report.json (`nox -s report -- [DIR] [options of
+    python -m harness.report]`; DIR: results). Installs nothing: the report imports only the standard library, so
+    nox's own interpreter runs it from the repository root."""
+    args = list(session.posargs)
+    folder = args.pop(0) if args and not args[0].startswith("-") else "results"
+    session.run(sys.executable, "-m", "harness.report", folder, *args, env={"PYTHONPATH": str(ROOT)}, external=True)
 
 
 @nox.session

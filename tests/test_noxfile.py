@@ -151,6 +151,18 @@ def test_the_report_shows_the_install_error(noxfile_with_ranges):
     assert "0.11.2" in text and "install-error" in text
 
 
+def test_the_report_session_folds_the_folder_it_is_given(noxfile_with_ranges, tmp_path):
+    noxfile, _, path = noxfile_with_ranges
+    assert _nox(noxfile, "-s", _session("0.11.2"), path=path).returncode != 0
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(noxfile.parent / "results", elsewhere)
+    done = _nox(noxfile, "-s", "report", "--", str(elsewhere), "--out", str(tmp_path / "folded"), path=path)
+    out = done.stdout + done.stderr
+    assert "unrecognized arguments" not in out, out
+    text = (tmp_path / "folded" / "report.md").read_text()
+    assert "0.11.2" in text and "install-error" in text, text
+
+
 def test_probe_records_an_install_error_for_a_release_without_a_python(noxfile_with_ranges):
     noxfile, _, path = noxfile_with_ranges
     done = _nox(noxfile, "-s", "probe", "--", "0.11.2", path=path)
