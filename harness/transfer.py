@@ -98,6 +98,10 @@ def moved(t: Trial, to: Contract, to_layer: Layer, refusable: bool = False) -> O
             return Outcome(Word.REJECTED, f"inject refused: {type(e).__name__}: {e}")
     else:
         t.call(t.subject.inject, target, to_layer, target_ids, payload)
+    if torch.equal(bits(storage(target)), bits(poison(storage(target).clone()))):
+        return Outcome(Word.DIFFERS, "after inject every element of the target allocation is still the poison it was "
+                                     "allocated with: inject wrote nothing, or only poison (a payload that aliases the "
+                                     f"source reads its reused, poisoned blocks) ({moves})")
 
     expected = views.allocate(to, dims, ex.case.torch_dtype, device)
     ek, ev = views.split(to, expected, dims)

@@ -277,7 +277,7 @@ class KvconformPlugin:
         if "regression" in metafunc.fixturenames:
             stored = regressions.regressions(s, check.name)
             metafunc.parametrize("regression", stored,
-                                 ids=[f"{r.target.release.release}-{r.target.geometry}-{r.digest}" for r in stored])
+                                 ids=[regressions.item_id(r.target, r.digest) for r in stored])
 
     @pytest.hookimpl(trylast=True)  # after -k / -m: a check the run left out gets no not-applicable line either
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,6 +1,7 @@
 """harness.run.loop without pytest: a session, one check over examples of one target, and what it records."""
 
 import os
+import re
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from _pytest.mark.expression import Expression  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 from harness import checks, findings, fixtures, profiles, results  # noqa: E402
@@ -52,8 +54,31 @@ def test_a_new_finding_raises_with_one_repro_line_and_keeps_the_shrunk_example(s
         _run(session, differs)
     repro = str(e.value).splitlines()[-1]
     assert repro.startswith("REPRO split-agrees release=0.25.1 (replay) geometry=")
-    assert repro.endswith(tuple(f"-k {p.stem.split('-')[-1]}" for p in (session.regressions_dir / "builtin").glob("*")))
+    assert repro.endswith(tuple(f"-k '[0.25.1- and -{p.stem.split('-')[-1]}]'"
+                                for p in (session.regressions_dir / "builtin").glob("*")))
     assert "pytest suite::check --kvconform-release=0.25.1" in repro
+
+
+def test_the_repro_lines_k_selects_the_replay_item_of_its_release_only(session, tmp_path):
+    # Both releases hand the failing geometry, so the kept example is replayed once per release, under one digest.
+    def differs(t):
+        return trial.Outcome(Word.DIFFERS, "planted")
+
+    with pytest.raises(loop.NewFinding) as e:
+        _run(session, differs)
+    expression = re.search(r" -k '(.*)'$", str(e.value).splitlines()[-1]).group(1)
+    both = sessions.start("builtin", ["0.24.0", "0.25.1"], fixtures.ROOT, tmp_path / "results2",
+                          session.regressions_dir, findings.DIRECTORY, "cpu", "test-main", "")
+    stored = regressions.regressions(both, checks.SPLIT_AGREES.name)
+    items = [f"test_split_agrees_regression[{regressions.item_id(r.target, r.digest)}]" for r in stored]
+    assert len({r.target.release.release for r in stored}) == 2 and len({r.digest for r in stored}) == 1, items
+
+    def selected(expr: str) -> list[str]:  # as pytest's -k matches an item: any of its names, case-insensitively
+        compiled = Expression.compile(expr)
+        return [i for i in items if compiled.evaluate(lambda word, i=i: word.lower() in i.lower())]
+
+    assert selected(expression) == [i for i in items if "[0.25.1-" in i]
+    assert len(selected(stored[0].digest)) == 2  # the digest alone: one item per release
 
 
 def test_what_the_subject_raises_is_its_outcome_not_a_harness_error(session):

@@ -58,6 +58,15 @@ class KeepsViews(offloader.Offloader):
         super().inject(kv_cache, layer, block_ids, torch.stack([k[ids], v[ids]]))
 
 
+class WritesNothing(offloader.Offloader):
+    """Takes the payload and writes it nowhere."""
+
+    name = "writes-nothing"
+
+    def inject(self, kv_cache, layer, block_ids, payload):
+        pass
+
+
 class Raises(offloader.Offloader):
     name = "raises"
 
@@ -147,7 +156,8 @@ def test_the_runner_catches_shape_sniffing_with_a_repro_at_two_blocks_and_passes
 
 @pytest.mark.parametrize("subject, says", [
     (SpillsOnAPage(), "outside the K/V of blocks"),
-    (KeepsViews(), "not bit-identical"),
+    (KeepsViews(), "still the poison it was allocated with"),
+    (WritesNothing(), "still the poison it was allocated with: inject wrote nothing"),
 ])
 def test_a_broken_transfer_differs(session, subject, says):
     s = session(subject)

@@ -56,13 +56,25 @@ def keep(session: Session, target: Target, check: str, ex: Example, extra: objec
     (d / f"{check}-{ex.digest()}.json").write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
+def item_id(target: Target, digest: str) -> str:
+    """The pytest id of a kept example's replay item for one release (the regression items' parametrization)."""
+    return f"{target.release.release}-{target.geometry}-{digest}"
+
+
+def selects(target: Target, digest: str) -> str:
+    """A `-k` expression that selects the replay item of this release only: the kept example is replayed for every
+    release with its geometry, and a digest alone matches each of them."""
+    return f"[{target.release.release}- and -{digest}]"
+
+
 def repro(target: Target, check: str, ex: Example, extra: object, command: str) -> str:
-    """ONE line that reproduces a failing example: what it is, and `command`, which replays it by its digest."""
+    """ONE line that reproduces a failing example: what it is, and `command`, which replays it (the one replay item
+    of this release, by its digest)."""
     return (f"REPRO {check} release={target.release.release} ({target.release.source}) "
             f"geometry={target.geometry} layers={ex.num_layers}/{ex.layer} num_blocks={ex.num_blocks} "
             f"pages={ex.page_order}/{ex.page_seed} "
             + (f"head_dim_v={ex.head_dim_v} " if ex.head_dim_v else "") + f"extra={extra!r} {ex.case!r} :: "
-            f"{command} -k {ex.digest()}")
+            f"{command} -k '{selects(target, ex.digest())}'")
 
 
 def device_kind(device: str) -> str:
