@@ -8,25 +8,18 @@ tables of docs/releases.md.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from harness.api_history import ROOT, releases
+from harness.api_history import ROOT, recorded, releases
 
 UNCOMPARED = ("about",)  # kvconform's words for a model, not the release's answer
+READERS = ("planner", "allocator", "layers_get")  # which of the release's functions planned, allocated, bound
 
 
 def recordings(root: Path = ROOT) -> list[tuple[str, dict[str, Any]]]:
     """(release, recording as JSON) in version order; a ValueError naming the file that is not JSON."""
-    out = []
-    for name in releases(root):
-        path = root / f"{name}.json"
-        try:
-            out.append((name, json.loads(path.read_text())))
-        except ValueError as e:
-            raise ValueError(f"{path}: not a recording: invalid JSON ({e})") from None
-    return out
+    return [(name, recorded(name, root)) for name in releases(root)]
 
 
 def cell(model: dict[str, Any]) -> str:
@@ -90,7 +83,7 @@ def table(recs: list[tuple[str, dict[str, Any]]] | None = None) -> str:
     """Markdown: per model, the runs of consecutive releases that allocate it alike, each with its cell; then what
     each release refused or raised, and the releases not read, with why."""
     recs = recordings() if recs is None else recs
-    read_ = [(name, read(rec)) for name, rec in recs if read(rec) is not None]
+    read_ = [(name, a) for name, rec in recs if (a := read(rec)) is not None]
     models = list(dict.fromkeys(m for _, a in read_ for m in a["models"]))
     lines = ["| model | releases | what a layer and the connector get |", "|---|---|---|"]
     for m in models:
@@ -139,8 +132,7 @@ def changes(recs: list[tuple[str, dict[str, Any]]] | None = None) -> str:
 
 
 def _changed(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    out = [f"{key} {old.get(key)} → {new.get(key)}" for key in ("planner", "allocator", "layers_get")
-           if old.get(key) != new.get(key)]
+    out = [f"{key} {old.get(key)} → {new.get(key)}" for key in READERS if old.get(key) != new.get(key)]
     for m in dict.fromkeys([*old["models"], *new["models"]]):
         a, b = old["models"].get(m), new["models"].get(m)
         if a is None or b is None:
@@ -156,15 +148,12 @@ def _changed(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def diff(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[str]:
-    """Readable differences between two allocation records ("models" as recorded), one line per changed fact,
-    named by model and path (`kernel-split layers.0: kernel_block_size 64 -> 16`)."""
+    """Readable differences between two allocation records, one line per changed fact, named by model and path
+    (`kernel-split layers.layers.0.kernel_block_size: 64 -> 16`)."""
     if (old or {}).get("read") != (new or {}).get("read") or not (old or {}).get("read"):
         a, b = _state(old), _state(new)
         return [] if a == b else [f"whole-model allocations: {a} -> {b}"]
-    out = []
-    for key in ("planner", "layers_get", "connector_gets"):
-        if old.get(key) != new.get(key):
-            out.append(f"{key} {old.get(key)} -> {new.get(key)}")
+    out = [f"{key} {old.get(key)} -> {new.get(key)}" for key in READERS if old.get(key) != new.get(key)]
     for model in sorted(old["models"].keys() | new["models"].keys()):
         a, b = old["models"].get(model), new["models"].get(model)
         if a is None or b is None:

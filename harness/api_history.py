@@ -39,14 +39,19 @@ def releases(root: Path = ROOT) -> list[str]:
     return sorted((p.stem for p in root.glob("*.json")), key=version_key)
 
 
+def recorded(release: str, root: Path = ROOT) -> Any:
+    """`release`'s recording as plain JSON; a ValueError naming the file when it is not JSON."""
+    path = root / f"{release}.json"
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path}: not a recording: invalid JSON ({e})") from None
+
+
 def api(release: str, root: Path = ROOT) -> dict[str, Any] | None:
     """The `api` field of `release`'s recording (None: it has none, or one of another format); a ValueError naming
     the file when it is not JSON."""
-    path = root / f"{release}.json"
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as e:
-        raise ValueError(f"{path}: not a recording: invalid JSON ({e})") from None
+    data = recorded(release, root)
     found = data.get("api") if isinstance(data, dict) else None
     return found if isinstance(found, dict) and found.get("format") == FORMAT else None
 

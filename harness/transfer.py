@@ -91,14 +91,14 @@ def moved(t: Trial, to: Contract, to_layer: Layer, refusable: bool = False) -> O
             with in_force(to_layer):
                 t.subject.inject(target, to_layer, target_ids, payload)
         except Exception as e:  # noqa: BLE001 - a refusal is an answer; what it left behind is judged
-            written = int((bits(storage(target)) != bits(poison(storage(target).clone()))).sum())
+            written = _written(target)
             if written:
                 return Outcome(Word.DIFFERS, f"inject raised {type(e).__name__} ({e}) after writing {written} "
                                              f"elements of the target ({moves})")
             return Outcome(Word.REJECTED, f"inject refused: {type(e).__name__}: {e}")
     else:
         t.call(t.subject.inject, target, to_layer, target_ids, payload)
-    if torch.equal(bits(storage(target)), bits(poison(storage(target).clone()))):
+    if not _written(target):
         return Outcome(Word.DIFFERS, "after inject every element of the target allocation is still the poison it was "
                                      "allocated with: inject wrote nothing, or only poison (a payload that aliases the "
                                      f"source reads its reused, poisoned blocks) ({moves})")
@@ -119,6 +119,11 @@ def moved(t: Trial, to: Contract, to_layer: Layer, refusable: bool = False) -> O
         return Outcome(Word.DIFFERS, f"{wrong.numel()} elements of the target allocation outside the K/V of "
                                      f"blocks {dst} changed (first at {where(to, dims, int(wrong[0]))}; {moves})")
     return Outcome(Word.BIT_IDENTICAL)
+
+
+def _written(target: torch.Tensor) -> int:
+    """Elements of `target`'s allocation that are no longer the poison it was allocated with."""
+    return int((bits(storage(target)) != bits(poison(storage(target).clone()))).sum())
 
 
 def where(contract: Contract, dims, first: int) -> str:

@@ -109,6 +109,14 @@ def test_a_connector_handed_another_view_than_the_layer_is_drift():
                      "{'shape': [4, 2, 256, 64]}"]
 
 
+def test_another_allocating_function_is_drift():
+    def runner(a):
+        a["allocator"] = "vllm.v1.worker.gpu_model_runner.GPUModelRunner.initialize_kv_cache_tensors"
+    assert drift(fixtures.load(NEWEST), _live(runner)) == [
+        "allocation: allocator vllm.v1.worker.utils.allocate_kv_cache -> "
+        "vllm.v1.worker.gpu_model_runner.GPUModelRunner.initialize_kv_cache_tensors"]
+
+
 def test_a_recording_without_allocations_drifts_until_re_recorded():
     rec = fixtures.load(NEWEST)
     bare = dataclasses.replace(rec, observations={k: v for k, v in rec.observations.items() if k != "allocations"})

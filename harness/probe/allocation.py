@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from harness.backends import BACKENDS, layout_env
+from harness.backends import backend_named, layout_env
 from harness.probe.imports import backend, module
 from harness.probe.models import CROSS_LAYER_LAYOUT, IFACE, MODELS, NUM_BLOCKS, WORKER, Model
 from harness.probe.observe import ProbeError, patched
@@ -104,7 +104,7 @@ def allocation(m: Model, kind: str) -> dict[str, Any]:
 @contextlib.contextmanager
 def _backend_class(b: str | tuple[str, str]) -> Iterator[type | None]:
     if isinstance(b, str):
-        with backend(next(x for x in BACKENDS if x.name == b)) as (_, cls, _stubbed):
+        with backend(backend_named(b)) as (_, cls, _stubbed):
             yield cls
     else:
         mod = module(b[0])
