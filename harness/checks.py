@@ -61,6 +61,8 @@ SPLIT_AGREES = Check("split-agrees", frozenset({"split"}), module="test_split",
                      says={"bit-identical": "agrees", "differs": "disagrees"})
 REJECTS_MALFORMED = Check("rejects-malformed", frozenset({"split"}), module="test_malformed")
 TRANSFER = Check("transfer", frozenset({"transfer"}), module="test_transfer")
+MODEL_TRANSFER = Check("model-transfer", frozenset({"connector"}), module="test_model_transfer",
+                       says={"bit-identical": "moved exactly", "differs": "moved wrong"})
 RELAYOUT = Check("relayout", frozenset({"transfer"}), module="test_relayout",
                  says={"bit-identical": "values kept", "rejected": "refused", "differs": "values moved"})
 KV_CHECKS = Check("K/V checks", order=1)  # the not-applicable lines of geometries no K/V check covers
@@ -75,7 +77,7 @@ ULP_AUTOTUNED = Check("ulp-autotuned", frozenset({"split", "forward", "autotune"
                       module="test_ulp_autotuned", mode="none", says={"differs": "beyond the rounding bound"})
 
 # In the order a reader follows a release: could it be installed and read, then the layout, then the kernels.
-CHECKS = (INSTALL, CONTRACTS, DRIFT, SPLIT_AGREES, REJECTS_MALFORMED, TRANSFER, RELAYOUT, KV_CHECKS, BIT_IDENTITY,
+CHECKS = (INSTALL, CONTRACTS, DRIFT, SPLIT_AGREES, REJECTS_MALFORMED, TRANSFER, RELAYOUT, MODEL_TRANSFER, KV_CHECKS, BIT_IDENTITY,
           DETERMINISM, ORACLE, VLLM_WRITE, ULP_AUTOTUNED)
 KERNEL_CHECKS = tuple(c.name for c in CHECKS if c.kernels)
 BY_NAME = {c.name: c for c in CHECKS}

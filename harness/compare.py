@@ -18,7 +18,7 @@ _INT_OF = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float3
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """How `actual` differs from `expected`; `first` indexes the first differing element (token, head, dim)."""
+    """How `actual` differs from `expected`; `first` indexes the first differing element along `axes`."""
 
     differing: int
     total: int
@@ -27,11 +27,12 @@ class Diagnosis:
     first: tuple[int, ...]
     actual_at_first: float
     expected_at_first: float
+    axes: tuple[str, ...] = ("token", "head", "dim")
 
     def __str__(self) -> str:
         return (
             f"{self.differing} of {self.total} elements differ; max ULP distance {self.max_ulp:g}, "
-            f"max abs diff {self.max_abs:g}; first mismatch at (token, head, dim) = {self.first}: "
+            f"max abs diff {self.max_abs:g}; first mismatch at ({', '.join(self.axes)}) = {self.first}: "
             f"{self.actual_at_first!r} vs expected {self.expected_at_first!r}"
         )
 
@@ -43,8 +44,9 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(_INT_OF[t.dtype])
 
 
-def diagnose(actual: torch.Tensor, expected: torch.Tensor) -> Diagnosis | None:
-    """None when the two are bit-identical, else what differs."""
+def diagnose(actual: torch.Tensor, expected: torch.Tensor, axes: tuple[str, ...] = ("token", "head", "dim")
+             ) -> Diagnosis | None:
+    """None when the two are bit-identical, else what differs (`axes` name the tensors' axes)."""
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
         raise ValueError(
             f"cannot compare {tuple(actual.shape)} {actual.dtype} with {tuple(expected.shape)} {expected.dtype}"
@@ -71,6 +73,7 @@ def diagnose(actual: torch.Tensor, expected: torch.Tensor) -> Diagnosis | None:
         first=first,
         actual_at_first=float(af[first]),
         expected_at_first=float(ef[first]),
+        axes=axes,
     )
 
 

@@ -37,7 +37,7 @@ class Layer:
     backend: type  # the attention backend class that allocated the cache
     cache_dtype: str  # the `kv_cache_dtype` setting, as the release spells it ("auto", "fp8_e4m3", "nvfp4", ...)
     dtype: torch.dtype  # the model dtype
-    block_size: int
+    block_size: int  # tokens per block of the layer's view (a kernel block)
     num_kv_heads: int
     head_size: int
     head_size_v: int  # V's head size: head_size except on the diff-KV backends
@@ -45,7 +45,15 @@ class Layer:
     cross_layer: bool = False  # the cache is one layer's view of an allocation the layers share (KV connectors')
     num_layers: int = 1  # layers in that allocation
     layer_index: int = 0  # this layer's place in it
+    manager_block_size: int = 0  # tokens per block the scheduler's block ids count (a manager block); 0: block_size
     recording: Recording | None = field(default=None, compare=False, repr=False)  # replay: stand-ins' source
+
+    def __post_init__(self) -> None:
+        if not self.manager_block_size:
+            object.__setattr__(self, "manager_block_size", self.block_size)
+        if self.manager_block_size % self.block_size:
+            raise ValueError(f"manager block size {self.manager_block_size} is not a whole number of kernel blocks "
+                             f"of {self.block_size} tokens")
 
     @property
     def backend_name(self) -> str:
@@ -56,6 +64,8 @@ class Layer:
         setting = f" {LAYOUT_ENV if self.kv_cache_layout in LAYOUT_VALUES else 'layout'}={self.kv_cache_layout}" \
             if self.kv_cache_layout else ""
         layers = f", layer {self.layer_index} of {self.num_layers} in one allocation" if self.cross_layer else ""
+        if self.manager_block_size != self.block_size:
+            layers += f", manager blocks of {self.manager_block_size} tokens"
         return (f"vLLM {self.release} {self.backend_name}{setting}, kv_cache_dtype {self.cache_dtype}, block_size "
                 f"{self.block_size}, {self.num_kv_heads} KV heads, head size {self.head_size}"
                 + (f"/{self.head_size_v}" if self.head_size_v != self.head_size else "") + layers)
@@ -83,7 +93,7 @@ def layer_for(contract: Contract, dims: Dims, dtype: torch.dtype, backend: type,
     """The layer a release hands a cache of `contract` at `dims`, from the backend the contract was read from."""
     layout, cross = setting_of(contract)
     return Layer(release, backend, contract.cache_dtype, dtype, dims.block_size, dims.kv_heads, dims.head_dim,
-                 dims.v_dim, layout, cross, dims.num_layers, dims.layer, recording)
+                 dims.v_dim, layout, cross, dims.num_layers, dims.layer, recording=recording)
 
 
 @contextlib.contextmanager

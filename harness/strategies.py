@@ -309,6 +309,17 @@ class Example:
     def paging(self) -> Paging:
         return paging(self.case.kv_lens, self.case.block_size, self.num_blocks, self.page_order, self.page_seed)
 
+    @property
+    def mode(self) -> str:
+        """Its sparsity mode, as result lines name it."""
+        return self.case.sparsity.mode
+
+    def words(self, extra: object) -> str:
+        """What a REPRO line says of it (with the check's own argument `extra`)."""
+        return (f"layers={self.num_layers}/{self.layer} num_blocks={self.num_blocks} "
+                f"pages={self.page_order}/{self.page_seed} "
+                + (f"head_dim_v={self.head_dim_v} " if self.head_dim_v else "") + f"extra={extra!r} {self.case!r}")
+
     def digest(self) -> str:
         """A short stable id of the whole example."""
         return hashlib.sha1(self.to_json().encode()).hexdigest()[:12]

@@ -16,14 +16,17 @@ from dataclasses import replace
 import torch
 from hypothesis import strategies as st
 
+from harness import model
 from harness.cache import Paging
 from harness.compare import bits
 from harness.contract import Contract, views
 from harness.contract.views import poison
 from harness.layer import Layer, in_force
+from harness.model import Model
 from harness.results import Word
 from harness.run.trial import Outcome, Trial, compare
-from harness.strategies import Example, Sizes, ambiguous, cases, examples as placed, num_blocks
+from harness.strategies import Example, Sizes, ambiguous, cases, num_blocks
+from harness.strategies import examples as placed
 
 SMALL = (2, 3)
 
@@ -49,8 +52,13 @@ def seeds() -> st.SearchStrategy[int]:
 def block_ids(paging: Paging, num_blocks: int, seed: int) -> tuple[list[int], list[int]]:
     """(source, target) block ids: a non-empty subset of the pages holding tokens (all of them for seed 0), each
     sent to another block id of a cache of `num_blocks` pages (a fixed-point-free permutation of the block ids)."""
+    return moves(sorted({int(b) for b in paging.block_table.flatten().tolist() if b >= 0}), num_blocks, seed)
+
+
+def moves(used: list[int], num_blocks: int, seed: int) -> tuple[list[int], list[int]]:
+    """(source, target) block ids: a non-empty subset of `used` (all of it for seed 0), each sent to another block
+    id of `num_blocks` (a fixed-point-free permutation of the block ids)."""
     rng = random.Random(seed)
-    used = sorted({int(b) for b in paging.block_table.flatten().tolist() if b >= 0})
     source = used if seed == 0 else sorted(rng.sample(used, rng.randint(1, len(used))))
     perm = list(range(num_blocks))
     rng.shuffle(perm)
@@ -130,3 +138,67 @@ def where(contract: Contract, dims, first: int) -> str:
     """Where flat element `first` of a `contract` allocation at `dims` lies, in the contract's physical axes."""
     at = torch.unravel_index(torch.tensor(first), views.physical_shape(contract, dims))
     return ", ".join(f"{a}={int(i)}" for a, i in zip(contract.layout.physical, at))
+
+
+def connector_moved(t: Trial) -> Outcome:
+    """The outcome of moving manager blocks of a whole model with the subject (harness.model; which blocks, and the
+    source's bytes: the example's seed): extracted from every layer the connector is handed, the source allocations
+    then poisoned, injected at other manager block ids into fresh, poisoned allocations of the same model.
+    bit-identical when each handed layer's kernel blocks of every target manager block, read through the layer's
+    own view, hold those of its source manager block, and no other byte of the allocations changed (overlaid groups,
+    shared layers, layers not handed, padding)."""
+    m, seed = t.target.model, t.example.seed
+    src, dst = moves(list(range(m.num_blocks)), m.num_blocks, seed)
+    moved_ = f"manager blocks {src} -> {dst} of {m.num_blocks}"
+    device = t.device
+    source = model.allocated(m.allocations, device)
+    g = torch.Generator().manual_seed(seed)
+    for b in source:
+        b.copy_(torch.randint(-128, 128, b.shape, dtype=torch.int8, generator=g))
+    before = [b.clone() for b in source]
+    layers = {h.name: h.layer for h in m.handed}
+    ids = (torch.tensor(x, dtype=torch.int64, device=device) for x in (src, dst))
+    source_ids, target_ids = ids
+    payload = t.call(t.subject.extract_blocks, handed(m, source), layers, source_ids)
+    changed = sum(int((a != b).sum()) for a, b in zip(source, before))
+    if changed:
+        return Outcome(Word.DIFFERS, f"extract_blocks of {moved_} changed {changed} bytes of the source allocations")
+    for b in source:
+        b.fill_(model.POISON)
+
+    target = model.allocated(m.allocations, device)
+    t.call(t.subject.inject_blocks, handed(m, target), layers, target_ids, payload)
+    if all(bool((b == model.POISON).all()) for b in target):
+        return Outcome(Word.DIFFERS, "after inject_blocks every byte of the target allocations is still the poison "
+                                     "they were allocated with: it wrote nothing, or only poison (a payload that "
+                                     f"aliases the source reads its reused, poisoned blocks) ({moved_})")
+    expected = model.allocated(m.allocations, device)
+    for h in m.handed:
+        want, was = model.tensor(h, expected), model.tensor(h, before)
+        for s, d in zip(src, dst):
+            for ks, kd in zip(h.kernel_blocks[s], h.kernel_blocks[d]):
+                model.kernel_block(want, h, kd).copy_(model.kernel_block(was, h, ks))
+    for h in m.handed:
+        got, want = model.tensor(h, target), model.tensor(h, expected)
+        axes = tuple(a for i, a in enumerate(h.contract.layout.logical) if i != h.block_axis)
+        for s, d in zip(src, dst):
+            kernel = h.kernel_blocks[d]
+            for j, (ks, kd) in enumerate(zip(h.kernel_blocks[s], kernel)):
+                o = compare(model.kernel_block(got, h, kd), model.kernel_block(want, h, kd),
+                            f"layer {h.name}: kernel block {kd} (block {j} of {len(kernel)} in manager block {d}) "
+                            f"should hold source manager block {s}'s kernel block {ks} ({moved_})", axes)
+                if o.word != Word.BIT_IDENTICAL:
+                    return Outcome(o.word, o.diagnosis, f"layer={h.name} block={d} kernel_block={kd}")
+    for i, (a, b) in enumerate(zip(target, expected)):
+        wrong = (a != b).nonzero()
+        if wrong.numel():
+            first = int(wrong[0])
+            at, where_ = model.owner(m, i, first)
+            return Outcome(Word.DIFFERS, f"{wrong.numel()} bytes of allocation {i} outside the moved kernel blocks "
+                                         f"changed (first at byte {first}: {at}; {moved_})", where_)
+    return Outcome(Word.BIT_IDENTICAL)
+
+
+def handed(m: Model, buffers: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What `register_kv_caches` receives for model `m` allocated in `buffers`: each handed layer's view by name."""
+    return {h.name: model.tensor(h, buffers) for h in m.handed}

@@ -256,7 +256,7 @@ def test_the_header_says_what_a_release_leaves_unchecked_and_the_examples_each_c
     assert "kvconform examples per geometry: split-agrees 40 + 2 explicit; rejects-malformed 40 + 10 explicit; " \
            "transfer 40 + 2 explicit; relayout 40 + 2 explicit" in out, out[-3000:]
     assert "hypothesis profile kvconform-find (no shrinking: a failing item stops at its first)" in out
-    assert "flash-only declares split, transfer: bit-identity, determinism, oracle, ulp-autotuned need more" in out
+    assert "flash-only declares split, transfer: model-transfer, bit-identity, determinism, oracle, ulp-autotuned need more" in out
     release = next(line for line in out.splitlines() if line.startswith("kvconform release 0.25.1"))
     assert release.count("blocks-first x") == 1 and "FLASH_ATTN, FLASHINFER" in release, release
 

@@ -77,7 +77,7 @@ def test_a_correct_consumer_is_green_and_gets_no_forward_check(host):
     rows = _rows(host.path / "results")
     na = [r for r in rows if r["outcome"] == "not-applicable"]
     assert sorted((r["release"], r["check"]) for r in na) == sorted(
-        (rel, c) for rel in FAMILIES for c in FORWARD_CHECKS | {"transfer"})  # one line per release and check
+        (rel, c) for rel in FAMILIES for c in FORWARD_CHECKS | {"transfer", "model-transfer"})  # a line per release, check
     assert all(r["geometry"] == "*" and "declares split" in r["diagnosis"] for r in na)
     assert {r["outcome"] for r in rows if r["check"] in FORWARD_CHECKS} == {"not-applicable"}
     data = report_data(results.read(host.path / "results"))

@@ -130,3 +130,29 @@ def test_the_consumer_example_passes_in_a_throwaway_project_as_the_readme_says(t
     words = dict((w, int(n)) for n, w in re.findall(r"(\d+) ([a-z-]+)", counts["0.33.0"]))
     assert set(words) <= {"unsupported", "skipped", "not-applicable"} and words["unsupported"], words
     assert (project / "results" / "0.33.0" / "results.jsonl").is_file()
+
+
+def test_the_connector_example_is_the_file_in_the_tree():
+    blocks = re.findall(r"```python\n(.*?)```", _plugin_section(), re.S)
+    assert blocks[1] == (REPO / "examples" / "block_mover.py").read_text()
+
+
+def test_a_connector_written_from_the_readme_alone_passes_model_transfer(tmp_path):
+    # The README's connector, copied into a throwaway project (nothing of examples/ on the path), over the two
+    # releases the whole-model allocations change most between: 0.25.1 (the runner's allocation) and 0.33.0 (one
+    # allocation for every layer, manager blocks split into kernel blocks).
+    block = re.findall(r"```python\n(.*?)```", _plugin_section(), re.S)[1]
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "connector.py").write_text(block)
+    done = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "kvconform.suites", "-p", "no:cacheprovider",
+                           "--kvconform-subject=mypkg.connector:BlockMover", "--kvconform-release=0.25.1",
+                           "--kvconform-release=0.33.0", "-k", "model_transfer", "--hypothesis-profile=kvconform-ci"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    for release in ("0.25.1", "0.33.0"):
+        words = re.search(rf"^kvconform {re.escape(release)} \(replay\) block-mover: (.+) ->", out, re.M).group(1)
+        counts = dict((w, int(n)) for n, w in re.findall(r"(\d+) ([a-z-]+)", words))
+        assert counts["bit-identical"] > 100 and set(counts) == {"bit-identical", "not-applicable"}, words

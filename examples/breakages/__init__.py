@@ -19,4 +19,16 @@ caught and where it must pass, over every recorded release.
 | vllm_49011 | vLLM #49011 | an NVFP4 cache's page read head-major (K's heads, then V's, each token-minor) | split-agrees |
 | diffkv_v_width | coverage case | a diff-KV cache's V read at K's width, C[..., Dk:2*Dk] | split-agrees |
 | fp8_type | coverage case | every fp8 cache viewed as e4m3, whatever layer.cache_dtype says | split-agrees |
+| lmcache_4701 | LMCache #4701 | the scheduler's block ids index each layer's view (one kernel page per manager block) | model-transfer |
+| flat_regions | intel-accel-for-llm #15, vllm-metal #700, vllm-ascend #15814 | a layer's cache is one flat region of `shape[0]` blocks | model-transfer |
+| stated_order | coverage case | a layer's view refused unless its memory order is the backend's stated one | model-transfer |
+
+The connector-side consumers (model-transfer, tests/test_model_transfer.py) meet the whole models of
+harness.probe.models. Breakages at that level that no consumer here expresses, and why: vLLM #48412 (a cross-layer
+allocation aliasing every layer's per-token-head fp8 scales) and #54877 (padded pages with kernel-block splitting
+over-requesting storage) are vLLM's own allocations, recorded by the probe (the cross-layer-fp8 model, the
+padded-split refusals and raises in docs/releases.md), not a consumer's decision; vLLM #57661 (NIXL deduplicating
+regions by base address) needs two caches handed on one base address with different block lengths, and the
+Mooncake heterogeneous-TP head stride needs an attention page padded beyond its size: no recorded model hands a
+connector either (padded-split, which would, is refused or raises in every release read).
 """

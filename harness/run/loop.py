@@ -19,8 +19,9 @@ import hypothesis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import checks, costs, findings, limits, profiles
+from harness import costs, findings, limits, model, profiles
 from harness.checks import Check
+from harness.model import Moves
 from harness.results import Word
 from harness.run import draws, regressions
 from harness.run.regressions import Regression
@@ -83,17 +84,21 @@ class Loop:
         state = Settled()
         sizes = self.s.sizes
         drawn = draws.of(check)
-        strategy = (drawn.examples([target.contract], sizes) if drawn.examples else
-                    examples([target.contract], sizes, cases(sizes, target.mode) if target.mode else None))
+        if target.model is not None:  # a whole model's examples are its block moves
+            strategy, explicit = model.examples(target.model), model.explicit(target.model)
+        else:
+            strategy = (drawn.examples([target.contract], sizes) if drawn.examples else
+                        examples([target.contract], sizes, cases(sizes, target.mode) if target.mode else None))
+            explicit = drawn.explicit(target.contract, sizes) if drawn.explicit else []
         count = examples_per_item(check, self.max_examples or settings.default.max_examples, target.mode)
 
         @settings(max_examples=count)
         @given(ex=strategy, extra=drawn.extra() if drawn.extra else st.none())
-        def generated(ex: Example, extra) -> None:
+        def generated(ex: Example | Moves, extra) -> None:
             self._one(self.trial(target, check.name, ex, extra), check, fn, state)
 
         # Hypothesis runs the example attached last first: attached in reverse, they run in the order declared.
-        for ex, value in reversed(drawn.explicit(target.contract, sizes) if drawn.explicit else []):
+        for ex, value in reversed(explicit):
             generated = hypothesis.example(ex=ex, extra=value)(generated)
         generated = hypothesis.seed(item_seed(self.s.seed, check.name, target))(generated)
         return self._limited(target, check.name, state, generated)
@@ -125,7 +130,7 @@ class Loop:
             self.s.sink.write(self.s.releases[0], "*", "*", "*", Word.TIMEOUT, message, device=self.s.device)
             return message
         repro = self.repro(t)
-        self.s.sink.write(t.target.release, t.target.geometry, t.check, t.example.case.sparsity.mode, Word.TIMEOUT,
+        self.s.sink.write(t.target.release, t.target.geometry, t.check, t.example.mode, Word.TIMEOUT,
                           f"{message}; running example {t.example.digest()}", case=t.example.digest(), repro=repro,
                           device=self.s.device, **t.target.described)
         return f"{message}\n{repro}"
@@ -166,11 +171,12 @@ class Loop:
         state.ran += 1
         known = None
         if not outcome.word.passing:
-            known = findings.match(self.s.findings, t.target.release.release, t.target.geometry,
-                                   t.example.case.sparsity.mode, t.check, outcome.word)
+            known = findings.match(self.s.findings, t.target.release.release, t.target.geometry, t.example.mode,
+                                   t.check, outcome.word)
             if known is None:
                 state.failure = (t, outcome)
-                raise NewFinding(f"{outcome.word.value}: {outcome.diagnosis}\n{self._unshrunk()}{self.repro(t)}")
+                raise NewFinding(f"{outcome.word.value}: {outcome.diagnosis}\n{self._unshrunk()}"
+                                 f"{self.repro(t, outcome.where)}")
             state.known[known.id] = known
         if state.failure is None:  # examples tried while shrinking a failure are not results
             self._record(t, outcome, known.id if known else "", time.perf_counter() - start)
@@ -184,7 +190,11 @@ class Loop:
 
     def _unsupported(self, check: Check, t: Trial) -> str | None:
         """Why the subject does not take this example, by its own word (None when it does): a check that runs its
-        forwards asks `supports(case)`, one that hands it a layer's cache asks `supports_layer(layer)`."""
+        forwards asks `supports(case)`, one that hands it a layer's cache asks `supports_layer(layer)`, of each
+        layer a whole model hands it."""
+        if t.target.model is not None:
+            return next((f"{h.name}: {why}" for h in t.target.model.handed if (why := t.call(
+                supports_layer, self.s.subject, self.s.subject_name, h.layer, self.s.capabilities))), None)
         supports = getattr(self.s.subject, "supports", None)  # optional outside kernels
         reason = t.call(supports, t.example.case) if check.asks_case and supports is not None else None
         if check.hands_cache and not reason:
@@ -199,18 +209,20 @@ class Loop:
         print(message, file=sys.__stderr__, flush=True)
         raise DeviceLost(message)
 
-    def repro(self, t: Trial) -> str:
-        """ONE line that reproduces the trial's example: what it is, and the command that replays it."""
-        return regressions.repro(t.target, t.check, t.example, t.extra, f"{self.replay_command} {self.s.args}")
+    def repro(self, t: Trial, where: str = "") -> str:
+        """ONE line that reproduces the trial's example: what it is, where the check found it wrong, and the
+        command that replays it."""
+        return regressions.repro(t.target, t.check, t.example, t.extra, f"{self.replay_command} {self.s.args}", where)
 
     def _record(self, t: Trial, outcome: Outcome, known: str = "", seconds: float = 0.0) -> None:
         with costs.phase("record"):
             self._write(t, outcome, known, seconds)
 
     def _write(self, t: Trial, outcome: Outcome, known: str, seconds: float) -> None:
-        self.s.sink.write(t.target.release, t.target.geometry, t.check, t.example.case.sparsity.mode, outcome.word,
+        self.s.sink.write(t.target.release, t.target.geometry, t.check, t.example.mode, outcome.word,
                           outcome.diagnosis, case=t.example.digest(),
-                          repro=self.repro(t) if not outcome.word.passing else "", known=known, device=self.s.device,
+                          repro=self.repro(t, outcome.where) if not outcome.word.passing else "", known=known,
+                          device=self.s.device,
                           seconds=round(seconds, 4), **t.target.described)
 
     def record_target(self, target: Target, check: Check, word: Word, diagnosis: str = "") -> None:

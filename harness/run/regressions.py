@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 
 from harness import checks
+from harness.model import Moves
 from harness.run.session import Session
 from harness.run.targets import Target, targets
 from harness.strategies import Example
@@ -17,7 +18,7 @@ class Regression:
     """A kept failing example, bound to one release of the session that has its geometry."""
 
     target: Target
-    example: Example
+    example: Example | Moves
     extra: object
     digest: str
 
@@ -35,9 +36,9 @@ def regressions(session: Session, check: str) -> list[Regression]:
         body = json.loads(path.read_text())
         if body.get("device", device_kind(session.device)) != device_kind(session.device):
             continue
-        ex = Example.from_json(json.dumps(body["example"]))
+        ex = example(body["example"])
         digest = path.stem.split("-")[-1]
-        if body["geometry"] in by_geometry or body["geometry"] == ex.contract.name:
+        if body["geometry"] in by_geometry or isinstance(ex, Moves) or body["geometry"] == ex.contract.name:
             out += [Regression(t, ex, body.get("extra"), digest) for t in by_geometry.get(body["geometry"], [])]
             continue
         own = {r.release: next((c for c in r.contracts if c.name == ex.contract.name), None) for r in session.releases}
@@ -46,13 +47,14 @@ def regressions(session: Session, check: str) -> list[Regression]:
     return out
 
 
-def keep(session: Session, target: Target, check: str, ex: Example, extra: object) -> None:
+def keep(session: Session, target: Target, check: str, ex: Example | Moves, extra: object) -> None:
     """Keep a failing example for every later session to replay first."""
     d = session.regressions_dir / session.subject_name
     d.mkdir(parents=True, exist_ok=True)
     body = {"check": check, "subject": session.subject_name, "release": target.release.release,
             "geometry": target.geometry, "example": json.loads(ex.to_json()), "extra": extra,
-            "case": repr(ex.case), "device": device_kind(session.device)}
+            "case": repr(ex.case) if isinstance(ex, Example) else ex.words(extra),
+            "device": device_kind(session.device)}
     (d / f"{check}-{ex.digest()}.json").write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
@@ -67,14 +69,17 @@ def selects(target: Target, digest: str) -> str:
     return f"[{target.release.release}- and -{digest}]"
 
 
-def repro(target: Target, check: str, ex: Example, extra: object, command: str) -> str:
-    """ONE line that reproduces a failing example: what it is, and `command`, which replays it (the one replay item
-    of this release, by its digest)."""
+def repro(target: Target, check: str, ex: Example | Moves, extra: object, command: str, where: str = "") -> str:
+    """ONE line that reproduces a failing example: what it is, where in it the failure was found (`where`, when the
+    check says), and `command`, which replays it (the one replay item of this release, by its digest)."""
     return (f"REPRO {check} release={target.release.release} ({target.release.source}) "
-            f"geometry={target.geometry} layers={ex.num_layers}/{ex.layer} num_blocks={ex.num_blocks} "
-            f"pages={ex.page_order}/{ex.page_seed} "
-            + (f"head_dim_v={ex.head_dim_v} " if ex.head_dim_v else "") + f"extra={extra!r} {ex.case!r} :: "
+            f"geometry={target.geometry} {ex.words(extra)}" + (f" at {where}" if where else "") + " :: "
             f"{command} -k '{selects(target, ex.digest())}'")
+
+
+def example(body: dict) -> Example | Moves:
+    """A kept example read back: a connector check's block moves, or a placed case."""
+    return Moves.from_json(json.dumps(body)) if "model" in body else Example.from_json(json.dumps(body))
 
 
 def device_kind(device: str) -> str:

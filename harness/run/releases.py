@@ -25,6 +25,7 @@ class ReleaseContracts:
     drift: tuple[str, ...] = ()
     unmodelled: dict[str, list[str]] = field(default_factory=dict, compare=False)  # fixtures.unmodelled
     recording: Recording | None = field(default=None, compare=False, repr=False)  # replay: the stand-ins' source
+    allocations: dict | None = field(default=None, compare=False, repr=False)  # the whole-model allocation record
 
     def describe(self) -> str:
         """How the contracts were read, and their distinct geometries by family, with the backends that hand them
@@ -55,7 +56,8 @@ def load_release(release: str, contracts_dir: Path) -> ReleaseContracts:
         try:
             recording = fixtures.load(release, contracts_dir)
             return ReleaseContracts(release, "replay", recording.contracts, recording=recording,
-                                    unmodelled=fixtures.unmodelled(recording))
+                                    unmodelled=fixtures.unmodelled(recording),
+                                    allocations=recording.observations.get("allocations"))
         except ContractError as e:
             return ReleaseContracts(release, "replay", (), str(e))
     try:
@@ -67,9 +69,10 @@ def load_release(release: str, contracts_dir: Path) -> ReleaseContracts:
     unmodelled = fixtures.unmodelled(live)
     if release not in fixtures.releases(contracts_dir):
         return ReleaseContracts(release, "live", live.contracts, drift=(f"no recording of {release} to compare",),
-                                unmodelled=unmodelled)
+                                unmodelled=unmodelled, allocations=live.observations.get("allocations"))
     return ReleaseContracts(release, "live", live.contracts, unmodelled=unmodelled,
-                            drift=tuple(drift(fixtures.load(release, contracts_dir), live)))
+                            drift=tuple(drift(fixtures.load(release, contracts_dir), live)),
+                            allocations=live.observations.get("allocations"))
 
 
 def releases_asked(asked: list[str], contracts_dir: Path) -> list[str]:

@@ -1,5 +1,5 @@
-"""What a run's items check: targets (a release and one of its geometries, or a pair of them), the seed and the
-number of examples of each item, and the order items run in."""
+"""What a run's items check: targets (a release and one of its geometries, a pair of them, or a whole model as the
+release allocates it), the seed and the number of examples of each item, and the order items run in."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from harness.cases import SPARSITY_MODES
 from harness.checks import Check
 from harness.contract import Contract
 from harness.matrix import version_key
+from harness.model import Model, models
 from harness.run.releases import ReleaseContracts
 from harness.run.session import Session
 from harness.strategies import Sizes
@@ -21,17 +22,21 @@ from harness.strategies import Sizes
 class Target:
     """One release and one of its geometries; `label` names a check that uses no cache (the oracle's "dense"),
     `mode` the one sparsity mode its cases take (any when empty), `peer` the geometry of another layout setting of
-    the same release and backend that the relayout check moves blocks into."""
+    the same release and backend that the relayout check moves blocks into, `model` a whole model's allocation (its
+    `contract` the geometry of the layers it hands a connector)."""
 
     release: ReleaseContracts
     contract: Contract
     label: str = ""
     mode: str = ""
     peer: Contract | None = None
+    model: Model | None = None
 
     @property
     def geometry(self) -> str:
-        """The geometry's name in result lines (a relayout's pair as `source->peer`)."""
+        """The geometry's name in result lines (a relayout's pair as `source->peer`, a model as `model:<name>`)."""
+        if self.model is not None:
+            return self.model.geometry
         if self.peer is not None:
             return f"{self.contract.name}->{self.peer.name}"
         return self.label or self.contract.name
@@ -43,6 +48,10 @@ class Target:
         if self.label:
             return {}
         c = self.contract
+        if self.model is not None:  # the model's layout, and the backends of the layers it hands
+            return dict(backends=tuple(sorted({h.contract.origin.backend_name for h in self.model.handed})),
+                        cache_dtype=c.cache_dtype, family=c.layout.family, order=self.model.layout,
+                        layers="cross-layer" if c.layout.shared else "per-layer")
         return dict(backends=tuple(sorted({x.origin.backend_name for x in self.release.contracts if x == c})),
                     cache_dtype=c.cache_dtype, family=c.layout.family, order=".".join(c.layout.physical),
                     layers="cross-layer" if c.layout.shared else "per-layer")
@@ -54,6 +63,8 @@ def targets(session: Session, check: Check | None = None) -> list[Target]:
     launch no kernel (`check` None: every geometry some check takes). The relayout check's are pairs (peers)."""
     if check is checks.RELAYOUT:
         return relayout_targets(session)
+    if check is checks.MODEL_TRANSFER:
+        return model_targets(session)
     return [Target(r, c) for r in session.releases
             for c in dict.fromkeys(c for c in r.contracts
                                    if session.selects(c) and not outside(c, session.sizes, check))]
@@ -76,6 +87,18 @@ def relayout_targets(session: Session) -> list[Target]:
                 pairs.setdefault((c, ring[(i + 1) % len(ring)]), None)
         out += [Target(r, a, peer=b) for a, b in pairs]
     return out
+
+
+def model_targets(session: Session) -> list[Target]:
+    """Every model of each session release whose allocation hands a connector K/V layers that the session selects
+    (their backends and cache dtype)."""
+    return [Target(r, m.contract, model=m) for r in session.releases for m in models_of(r)[0]
+            if all(session.selects(h.contract) for h in m.handed)]
+
+
+def models_of(r: ReleaseContracts) -> tuple[list[Model], dict[str, str]]:
+    """Release `r`'s models a connector check takes, and why each other model (or "*": the release) is not."""
+    return models(r.release, r.allocations, r.contracts, r.recording)
 
 
 def outside(c: Contract, sizes: Sizes, check: Check | None = None) -> str:

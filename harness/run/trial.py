@@ -31,6 +31,7 @@ class Outcome:
 
     word: Word
     diagnosis: str = ""
+    where: str = ""  # where in the example it was found (a layer and block), for its REPRO line
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "word", Word(self.word))  # an unknown word is a ValueError here, not a result
@@ -69,17 +70,18 @@ class Prepared:
     paging: Paging
 
 
-def compare(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Outcome:
-    """bit-identical, or differs with the harness.compare diagnosis."""
+def compare(actual: torch.Tensor, expected: torch.Tensor, what: str,
+            axes: tuple[str, ...] = ("token", "head", "dim")) -> Outcome:
+    """bit-identical, or differs with the harness.compare diagnosis (`axes` name the tensors' axes)."""
     with costs.phase("compare"):
-        return _compared(actual, expected, what)
+        return _compared(actual, expected, what, axes)
 
 
-def _compared(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Outcome:
+def _compared(actual: torch.Tensor, expected: torch.Tensor, what: str, axes: tuple[str, ...]) -> Outcome:
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
         return Outcome(Word.DIFFERS, f"{what}: {tuple(actual.shape)} {actual.dtype} vs "
                                      f"{tuple(expected.shape)} {expected.dtype}")
-    d = diagnose(actual, expected)
+    d = diagnose(actual, expected, axes)
     return Outcome(Word.BIT_IDENTICAL) if d is None else Outcome(Word.DIFFERS, f"{what}: not bit-identical: {d}")
 
 
@@ -123,9 +125,10 @@ class Trial:
 
     def call(self, fn, *args):
         """Call into the subject; its ContractError is a contract-error, anything else it raises a subject-error.
-        A call handed a layer runs with that layer's release in force (harness.layer.in_force). On CUDA the call
-        is waited for, so that a fault of the subject's kernel is reported against this call."""
-        layer = next((a for a in args if isinstance(a, Layer)), None)
+        A call handed a layer (or layers by name) runs with that layer's release in force (harness.layer.in_force).
+        On CUDA the call is waited for, so that a fault of the subject's kernel is reported against this call."""
+        layer = next((a for a in args if isinstance(a, Layer)), None) or next(
+            (x for a in args if isinstance(a, dict) for x in a.values() if isinstance(x, Layer)), None)
         try:
             with costs.phase("setting"), in_force(layer) if layer is not None else contextlib.nullcontext():
                 with costs.phase("subject"):

@@ -23,6 +23,9 @@ Not every subject is a kernel. A subject declares what it can do in `capabilitie
             the cache, a cache manager)
   transfer  it extracts the K/V of some blocks through its own views and injects them into another cache of the same
             contract (offloaders, connectors): `extract`, `inject`
+  connector it is handed a whole model's caches as vLLM's `register_kv_caches` hands a KV connector (the layers'
+            views by name, with a layer value each) and moves whole manager blocks of every layer, as a connector
+            saves and loads a request's blocks: `extract_blocks`, `inject_blocks` (harness.model)
   forward   it runs attention over paged and dense K/V (kernels): `tile_config`, `paged_forward`, `dense_forward`
   autotune  its forwards, handed `tile` None, pick their tile config per call among `autotune_configs(case)` (an
             autotuner that can time them here): the ulp-autotuned check
@@ -97,10 +100,10 @@ class SparsitySemantics:
             raise ValueError(f"unknown recent_window {self.recent_window!r}; known: {RECENT_WINDOWS}")
 
 
-SPLIT, TRANSFER, FORWARD, AUTOTUNE = "split", "transfer", "forward", "autotune"
-CAPABILITIES = (SPLIT, TRANSFER, FORWARD, AUTOTUNE)
+SPLIT, TRANSFER, CONNECTOR, FORWARD, AUTOTUNE = "split", "transfer", "connector", "forward", "autotune"
+CAPABILITIES = (SPLIT, TRANSFER, CONNECTOR, FORWARD, AUTOTUNE)
 DEFAULT_CAPABILITIES = frozenset({SPLIT, FORWARD})  # a subject that declares nothing: a kernel
-METHODS = {SPLIT: ("split",), TRANSFER: ("extract", "inject"),
+METHODS = {SPLIT: ("split",), TRANSFER: ("extract", "inject"), CONNECTOR: ("extract_blocks", "inject_blocks"),
            FORWARD: ("tile_config", "paged_forward", "dense_forward"), AUTOTUNE: ("autotune_configs",)}
 
 
@@ -154,6 +157,17 @@ class Subject(Protocol):
     def inject(self, kv_cache: torch.Tensor, layer: Layer, block_ids: torch.Tensor, payload: object) -> None:
         """(transfer) Write `payload` (extract's, same length) into blocks `block_ids` of another layer's kv_cache of
         the same layout, in place, touching nothing else."""
+
+    def extract_blocks(self, kv_caches: dict[str, torch.Tensor], layers: dict[str, Layer], block_ids: torch.Tensor
+                       ) -> object:
+        """(connector) Every layer's K and V of manager blocks `block_ids` (the scheduler's ids: each holds
+        `layer.manager_block_size // layer.block_size` blocks of the layer's view), from `kv_caches` as
+        `register_kv_caches` receives them, as a payload that owns its data."""
+
+    def inject_blocks(self, kv_caches: dict[str, torch.Tensor], layers: dict[str, Layer], block_ids: torch.Tensor,
+                      payload: object) -> None:
+        """(connector) Write `payload` (extract_blocks', same length) into manager blocks `block_ids` of another
+        allocation of the same model, in place, touching nothing else."""
 
 
 class Launched:

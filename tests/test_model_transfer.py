@@ -1,0 +1,256 @@
+"""The model-transfer check (conformance/test_model_transfer.py over harness.model) can fail, and fails exactly where
+it should: each connector-side gallery consumer (examples/breakages: lmcache_4701, flat_regions, stated_order) is
+caught exactly where its rule, stated from the allocation record, says, over every recording, its twin nowhere;
+planted faults of each kind (an extract that writes, an inject that writes nothing, one that writes a neighbour, a
+payload that aliases the source), and a layout the recording does not state, are each caught with a diagnosis that
+names the layer and block; a REPRO line, pasted as printed, replays the one failing item.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import checks, findings, fixtures, model, transfer
+from harness.run import loop, session as sessions, targets as targeting
+from harness.run.regressions import Regression
+from harness.run.releases import load_release
+from kvconform.suites import test_model_transfer
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "examples"))
+from breakages import flat_regions, lmcache_4701, stated_order  # noqa: E402
+from block_mover import BlockMover  # noqa: E402
+
+SEEDS = (0, 1, 5)  # every manager block moved, then two subsets
+
+
+def _split(target) -> bool:
+    """The rule of LMCache #4701: some handed layer's manager block holds several kernel blocks."""
+    return any(h.layer.manager_block_size != h.layer.block_size for h in target.model.handed)
+
+
+def _memory_order(h) -> list[str]:
+    """The axes of a handed layer's recorded view longer than 1, outermost first by their byte strides."""
+    named = dict(zip(h.contract.layout.logical, zip(h.view["shape"], h.view["stride_bytes"])))
+    return sorted((a for a, (n, _) in named.items() if n > 1), key=lambda a: -named[a][1])
+
+
+def _unstated_order(target) -> bool:
+    """Some handed layer's view is ordered in memory otherwise than its backend states (the contract's order)."""
+    return any(_memory_order(h) != [a for a in h.contract.layout.physical if a in _memory_order(h)]
+               for h in target.model.handed)
+
+
+def _not_flat_blocks(target) -> bool:
+    """Some handed layer's view is not one contiguous region with the blocks outermost."""
+    def flat(h) -> bool:
+        shape, stride = h.view["shape"], h.view["stride_bytes"]
+        size, want = getattr(torch, h.view["dtype"]).itemsize, []
+        for n in reversed(shape):
+            want.insert(0, size)
+            size *= n
+        return h.block_axis == 0 and all(n == 1 or s == w for n, s, w in zip(shape, stride, want))
+    return not all(flat(h) for h in target.model.handed)
+
+
+RULES = {lmcache_4701.ManagerIdsAsKernelIds: _split, stated_order.StatedOrderOnly: _unstated_order,
+         flat_regions.FlatRegions: _not_flat_blocks}
+TWINS = (BlockMover, lmcache_4701.KernelBlocksOfManagerBlock, stated_order.TensorsOwnOrder, flat_regions.ThroughViews)
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("connector")
+    return sessions.start("block_mover:BlockMover", ["recorded"], fixtures.ROOT, tmp / "results", tmp / "regressions",
+                          findings.DIRECTORY, "cpu", "test", "")
+
+
+def _outcome(s, target, seed: int):
+    """The outcome of one example, run as the suite runs it (None when it passed)."""
+    try:
+        loop.Loop(s, "test").replay(Regression(target, model.Moves(target.model.name, seed), None, ""),
+                                    checks.MODEL_TRANSFER, test_model_transfer.check)
+    except loop.NewFinding as e:
+        return str(e)
+    return None
+
+
+def _verdicts(session, subject) -> dict[tuple[str, str, int], str | None]:
+    s = dataclasses.replace(session, subject=subject(), subject_name=subject.name)
+    return {(t.release.release, t.model.name, seed): _outcome(s, t, seed)
+            for t in targeting.targets(s, checks.MODEL_TRANSFER) for seed in SEEDS}
+
+
+def test_models_of_every_read_release_are_targets_and_the_rest_say_why(session):
+    targets = targeting.targets(session, checks.MODEL_TRANSFER)
+    by_release = Counter(t.release.release for t in targets)
+    for r in session.releases:
+        taken, outside = targeting.models_of(r)
+        assert by_release[r.release] == len(taken)
+        if r.allocations and r.allocations.get("read"):
+            assert {"uniform", "kernel-split"} <= {m.name for m in taken}, r.release
+            assert "mla-indexer" in outside and "padded-split" in outside, (r.release, outside)
+        else:
+            assert not taken and "not read" in outside["*"], r.release
+    assert len(by_release) == 24 and sum(by_release.values()) > 150
+
+
+@pytest.mark.parametrize("subject", list(RULES), ids=lambda s: s.__name__)
+def test_each_connector_breakage_is_caught_exactly_where_its_rule_says(session, subject):
+    rule = RULES[subject]
+    targets = {(t.release.release, t.model.name): t for t in targeting.targets(session, checks.MODEL_TRANSFER)}
+    verdicts = _verdicts(session, subject)
+    mismatches = sorted(k for k, got in verdicts.items() if (got is not None) != rule(targets[k[:2]]))
+    assert not mismatches, (len(mismatches), mismatches[:10])
+    caught = Counter(k[1] for k, got in verdicts.items() if got)
+    assert caught, f"{subject.__name__} is caught nowhere"
+    print(f"{subject.__name__}: caught on {sum(caught.values())} of {len(verdicts)} examples ({dict(caught)})")
+
+
+@pytest.mark.parametrize("twin", TWINS, ids=lambda s: s.__name__)
+def test_each_twin_passes_everywhere(session, twin):
+    verdicts = _verdicts(session, twin)
+    assert verdicts and not [k for k, got in verdicts.items() if got], [v for v in verdicts.values() if v][:3]
+
+
+def _target(session, release: str, name: str):
+    return next(t for t in targeting.targets(session, checks.MODEL_TRANSFER)
+                if t.release.release == release and t.model.name == name)
+
+
+class WritesTheSource(BlockMover):
+    name = "writes-the-source"
+
+    def extract_blocks(self, kv_caches, layers, block_ids):
+        out = super().extract_blocks(kv_caches, layers, block_ids)
+        next(iter(kv_caches.values()))[0, 0, 0, 0] = 0  # one float16 element: 2 bytes
+        return out
+
+
+class InjectsNothing(BlockMover):
+    name = "injects-nothing"
+
+    def inject_blocks(self, kv_caches, layers, block_ids, payload):
+        pass
+
+
+class WritesANeighbour(BlockMover):
+    """Also writes the first kernel block it was not asked for, in the last layer."""
+
+    name = "writes-a-neighbour"
+
+    def inject_blocks(self, kv_caches, layers, block_ids, payload):
+        super().inject_blocks(kv_caches, layers, block_ids, payload)
+        name, kv = list(kv_caches.items())[-1]
+        axis, asked = self.block_axis(layers[name]), set(self.kernel_ids(layers[name], block_ids).tolist())
+        kv.select(axis, next(b for b in range(kv.shape[axis]) if b not in asked)).zero_()
+
+
+class AliasesTheSource(BlockMover):
+    """Its payload is the source's views and ids, read at inject: the source's reuse has overwritten them."""
+
+    name = "aliases-the-source"
+
+    def extract_blocks(self, kv_caches, layers, block_ids):
+        return {name: (kv, self.kernel_ids(layers[name], block_ids)) for name, kv in kv_caches.items()}
+
+    def inject_blocks(self, kv_caches, layers, block_ids, payload):
+        for name, kv in kv_caches.items():
+            source, ids = payload[name]
+            axis = self.block_axis(layers[name])
+            kv.index_copy_(axis, self.kernel_ids(layers[name], block_ids), source.index_select(axis, ids))
+
+
+@pytest.mark.parametrize("subject, said", [
+    (WritesTheSource, "changed 2 bytes of the source allocations"),
+    (InjectsNothing, "every byte of the target allocations is still the poison"),
+    (WritesANeighbour, "outside the moved kernel blocks changed (first at byte "),
+    (AliasesTheSource, "a payload that aliases the source reads its reused, poisoned blocks"),
+], ids=lambda x: getattr(x, "__name__", ""))
+def test_planted_faults_are_caught_with_what_and_where(session, subject, said):
+    s = dataclasses.replace(session, subject=subject(), subject_name=subject.name)
+    got = _outcome(s, _target(session, "0.33.0", "kernel-split"), 1)
+    assert got is not None and said in got, got
+    said_repro = "REPRO model-transfer release=0.33.0 (replay) geometry=model:kernel-split model=kernel-split seed=1"
+    assert said_repro in got, got
+    if subject is WritesANeighbour:
+        assert re.search(r" at layer=layers\.\d block=\d kernel_block=\d+ :: ", got), got
+
+
+def test_a_layout_unlike_the_record_fails_the_right_connector(session):
+    # The recording says manager block m holds kernel blocks m*4 .. m*4+3; a release that ordered them otherwise
+    # (here: interleaved, m, m+5, m+10, m+15) would make the rule the connector follows wrong, and the check says so.
+    t = _target(session, "0.33.0", "kernel-split")
+    n = t.model.num_blocks
+    scattered = tuple(tuple(m + n * j for j in range(4)) for m in range(n))
+    broken = dataclasses.replace(t.model, handed=tuple(dataclasses.replace(h, kernel_blocks=scattered)
+                                                       for h in t.model.handed))
+    got = _outcome(session, dataclasses.replace(t, model=broken), 0)
+    assert got is not None and "layer layers.0: kernel block" in got, got
+    assert _outcome(session, t, 0) is None
+
+
+def test_unsupported_layers_are_unsupported_never_a_pass(session):
+    class NoSplits(BlockMover):
+        name = "no-splits"
+
+        def supports_layer(self, layer):
+            return "kernel blocks inside manager blocks" if layer.manager_block_size != layer.block_size else None
+
+    s = dataclasses.replace(session, subject=NoSplits(), subject_name=NoSplits.name)
+    state = loop.Loop(s, "test").replay(Regression(_target(session, "0.33.0", "kernel-split"),
+                                                   model.Moves("kernel-split", 0), None, ""),
+                                        checks.MODEL_TRANSFER, test_model_transfer.check)
+    assert state.ran == 0 and state.unsupported == {"layers.0: kernel blocks inside manager blocks"}
+
+
+def test_the_layer_value_says_both_block_sizes():
+    r = load_release("0.33.0", fixtures.ROOT)
+    taken, _ = targeting.models_of(r)
+    split = next(m for m in taken if m.name == "kernel-split")
+    layer = split.handed[0].layer
+    assert (layer.block_size, layer.manager_block_size, layer.kv_cache_layout) == (64, 256, "LBNHC")
+    assert "manager blocks of 256 tokens" in layer.describe()
+    views = model.tensor(split.handed[0], model.allocated(split.allocations, "cpu"))
+    assert views.shape[split.handed[0].block_axis] == 20  # 5 manager blocks of 4 kernel blocks
+
+
+def test_a_failing_connector_prints_a_repro_that_replays_its_one_item(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "examples")])}
+    opts = ["-p", "no:cacheprovider", "-q", "--hypothesis-profile=kvconform-ci", "--kvconform-release=0.33.0",
+            f"--kvconform-results-dir={tmp_path / 'results'}", f"--kvconform-regressions-dir={tmp_path / 'kept'}",
+            "--kvconform-subject=breakages.lmcache_4701:ManagerIdsAsKernelIds", "--kvconform-max-examples=2"]
+    done = subprocess.run([sys.executable, "-m", "pytest", *opts, "conformance/test_model_transfer.py", "-rA",
+                           "-k", "kernel-split"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout[-3000:]
+    repros = re.findall(r"^E\s+(REPRO .*)$", done.stdout, re.M)
+    assert len(repros) == 1, done.stdout[-3000:]
+    line = repros[0]
+    assert re.match(r"REPRO model-transfer release=0\.33\.0 \(replay\) geometry=model:kernel-split model=kernel-split "
+                    r"seed=\d+ at layer=layers\.\d block=\d kernel_block=\d+ :: pytest ", line), line
+    command = shlex.split(line.split(" :: ", 1)[1])
+    again = subprocess.run([sys.executable, "-m", *command, "-rA", "-p", "no:cacheprovider"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 1, again.stdout[-3000:]
+    ran = re.findall(r"^(PASSED|FAILED) (\S+)", again.stdout, re.M)
+    assert [w for w, _ in ran] == ["FAILED"], again.stdout[-3000:]
+    assert "test_model_transfer_regression[0.33.0-model:kernel-split-" in ran[0][1]
+    kept = json.loads(next((tmp_path / "kept" / "lmcache-4701-manager-ids").glob("model-transfer-*.json")).read_text())
+    assert kept["example"]["model"] == "kernel-split" and kept["geometry"] == "model:kernel-split"
+
+
+def test_moves_never_leave_a_block_in_place():
+    for seed in range(50):
+        src, dst = transfer.moves(list(range(5)), 5, seed)
+        assert src and all(s != d for s, d in zip(src, dst)) and len(set(dst)) == len(dst)
