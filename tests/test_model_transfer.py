@@ -22,6 +22,9 @@ import pytest
 import torch
 
 from harness import checks, findings, fixtures, model, transfer
+from harness.contract import views
+from harness.matrix import version_key
+from harness.probe.observe import MODEL_DTYPE
 from harness.run import loop, session as sessions, targets as targeting
 from harness.run.regressions import Regression
 from harness.run.releases import load_release
@@ -248,6 +251,23 @@ def test_a_failing_connector_prints_a_repro_that_replays_its_one_item(tmp_path):
     assert "test_model_transfer_regression[0.33.0-model:kernel-split-" in ran[0][1]
     kept = json.loads(next((tmp_path / "kept" / "lmcache-4701-manager-ids").glob("model-transfer-*.json")).read_text())
     assert kept["example"]["model"] == "kernel-split" and kept["geometry"] == "model:kernel-split"
+
+
+def test_kernels_are_handed_what_a_split_models_layers_get_but_for_old_hybrid_attention(session):
+    # What a kernel subject is handed (views.allocate of the layer's contract at its sizes: the contract-level checks'
+    # caches) against what each recorded model's K/V layers get, kernel-block splitting and one shared allocation
+    # included: the same shape and strides everywhere but a hybrid model's FlashAttention layers up to 0.22.1, whose
+    # blocks are outermost in memory (no contract-level check hands a kernel that view).
+    unlike = set()
+    for t in targeting.targets(session, checks.MODEL_TRANSFER):
+        for h in t.model.handed:
+            got = model.tensor(h, model.allocated(t.model.allocations, "meta"))
+            drawn = views.allocate(h.contract, h.dims, MODEL_DTYPE, "meta")
+            if (got.shape, got.stride()) != (drawn.shape, drawn.stride()):
+                unlike.add((t.release.release, t.model.name))
+    hybrid = {r.release for r in session.releases if version_key(r.release) < version_key("0.23")} - {
+        "0.8.5.post1", "0.9.2", "0.10.2"}
+    assert unlike == {(r, "hybrid") for r in hybrid}, sorted(unlike)
 
 
 def test_moves_never_leave_a_block_in_place():
