@@ -1,9 +1,9 @@
 """vLLM 0.29's one allocation for every layer (intel-accel-for-llm PR #15, vllm-metal #700, vllm-ascend PR #15814):
-connectors written for the blocks-first caches of vLLM 0.23-0.28 registered each layer's cache as one flat region,
-`kv_cache.view(-1)`, a block being one of `kv_cache.shape[0]` equal rows of it. From 0.29 each layer gets a view into
-the shared allocation whose axes are not in memory order, and `view(-1)` raises; on a kv-first cache (FlashAttention
-up to 0.22) the first axis is K/V, not the blocks. The fix moves blocks through each layer's view (the example block
-mover)."""
+connectors registered each layer's cache as one flat region, `kv_cache.view(-1)`, a block being one of
+`kv_cache.shape[0]` equal rows of it, as the blocks-first caches of vLLM 0.23-0.25 are. From 0.29 each layer gets a
+view into the shared allocation whose axes are not in memory order, and `view(-1)` raises; so it does on the packed
+[B, H, N, 2D] caches of 0.26-0.28, laid out tokens outside heads; on a kv-first cache (FlashAttention up to 0.22)
+the first axis is K/V, not the blocks. The fix moves blocks through each layer's view (the example block mover)."""
 
 from __future__ import annotations
 
