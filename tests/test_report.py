@@ -731,3 +731,22 @@ def test_the_layout_api_section_reads_the_recordings_it_is_given(tmp_path):
     (recordings / "0.1.0.json").write_text("{broken")
     with pytest.raises(ValueError, match=r"recordings/0\.1\.0\.json: not a recording: invalid JSON"):
         report_data(results.read(root), recordings=recordings)
+
+
+def test_lines_of_two_subjects_get_a_verdict_each_and_subject_reports_one(tmp_path, capsys):
+    # Two subjects' runs written into one results folder: the red one does not make the green one red.
+    root = tmp_path / "results"
+    add(root, "0.25.1", "blocks-first:B.KV.N.H.D", "bit-identical", check="model-transfer", subject="block-mover")
+    add(root, "0.33.0", "packed:B.N.H.C", "bit-identical", check="model-transfer", subject="block-mover")
+    add(root, "0.33.0", "packed:B.N.H.C", "differs", check="model-transfer", subject="manager-ids",
+        repro="REPRO model-transfer release=0.33.0")
+    merged(root)
+    assert main([str(root), "--out", str(tmp_path / "both")]) == 0
+    verdict = json.loads((tmp_path / "both" / "report.json").read_text())["verdict"]
+    assert verdict == ("2 SUBJECTS, EACH ITS OWN VERDICT (--subject NAME reports one): block-mover GREEN: no new "
+                       "findings in 2 releases; manager-ids RED: 1 new finding in 1 release"), verdict
+    assert main([str(root), "--subject", "block-mover", "--out", str(tmp_path / "one")]) == 0
+    one = json.loads((tmp_path / "one" / "report.json").read_text())
+    assert one["verdict"] == "GREEN: no new findings in 2 releases" and not one["new_findings"]
+    assert main([str(root), "--subject", "nobody"]) == 2
+    assert "--subject nobody: no lines of it under" in capsys.readouterr().err

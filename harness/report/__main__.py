@@ -1,12 +1,12 @@
 """Fold every session's results into a report read like a conformance dashboard: what broke, what changed since the
 last report, and where.
 
-`python -m harness.report results [--out DIR] [--since OLD/report.json] [--run ID ...]` reads
-results/<release>/results.jsonl (only the lines of the runs named, with --run) and writes, into the results folder
+`python -m harness.report results [--out DIR] [--since OLD/report.json] [--run ID ...] [--subject NAME ...]` reads
+results/<release>/results.jsonl (only the lines of the runs and subjects named, with --run and --subject) and writes, into the results folder
 unless --out: report.md (the CI summary, harness.report.markdown), report.html (the same report as one self-contained
 page with a drill-down per cell and filters, harness.report.html) and report.json (every count, and the keys a later
-report compares against, harness.report.fold). First a verdict (naming the runs it was folded from, when there are
-several) and the runs folded, each with its lines per release (partial: other runs' lines are among them), then what
+report compares against, harness.report.fold). First a verdict (one per subject where the lines are of several; naming the runs it was folded from, when
+there are several) and the runs folded, each with its lines per release (partial: other runs' lines are among them), then what
 changed since OLD (harness.report.changes) when anything did, the new findings grouped by kind with their REPRO
 lines, the failures only one release, backend or cache dtype has (harness.report.lone_failures), then per subject a
 release x check and a release x cache dtype matrix whose cells read passed/total (harness.report.cells); every outcome
@@ -43,6 +43,8 @@ def main(argv: list[str]) -> int:
                         help="a previous report.json: what changed since it comes first")
     parser.add_argument("--run", action="append", default=[], metavar="ID",
                         help="fold only this run's lines (repeatable); the Runs section names the others")
+    parser.add_argument("--subject", action="append", default=[], metavar="NAME",
+                        help="fold only this subject's lines (repeatable); several subjects get a verdict each")
     args = parser.parse_args(argv)
     try:
         rows, timings = read(args.results), read_timings(args.results)
@@ -54,6 +56,12 @@ def main(argv: list[str]) -> int:
         if unknown := [x for x in args.run if x not in known]:
             raise ValueError(f"--run {', '.join(unknown)}: no such run under {args.results}; its runs: "
                              + ", ".join(known))
+        subjects = sorted({r.subject for r in rows})
+        if unknown := [x for x in args.subject if x not in subjects]:
+            raise ValueError(f"--subject {', '.join(unknown)}: no lines of it under {args.results}; its subjects: "
+                             + ", ".join(subjects))
+        rows = [r for r in rows if r.subject in (args.subject or subjects)]
+        timings = [t for t in timings if t.subject in (args.subject or {t.subject for t in timings})]
         chosen = set(args.run or known)
         data = report_data([r for r in rows if r.run in chosen], args.since, [r for r in rows if r.run not in chosen],
                            timings=timings)

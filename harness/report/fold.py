@@ -32,19 +32,17 @@ def verdict(data: dict) -> str:
     """RED with how many new findings in how many releases, or GREEN: known, stale and unexercised findings never
     make it red, but the unexercised ones are counted after it (a refusal must not read as a plain GREEN); with no
     result line at all (the performance lane's lines only), NO CONFORMANCE RESULTS, never GREEN. Folded from more
-    than one run, it names them (up to RUNS_NAMED; more are counted, and listed under Runs)."""
-    new = data["new_findings"]
-    where = {r["release"] for r in new}
-    checked = {rel for r in data["runs"] for rel in r["releases"]}  # a release only benched was never checked
+    than one run, it names them (up to RUNS_NAMED; more are counted, and listed under Runs). Lines of several subjects
+    are never folded into one verdict: each subject gets its own."""
     if not data["runs"]:
         return ("NO CONFORMANCE RESULTS: only the performance lane's lines (nox -s bench) in "
                 + count(len(data["releases"]), "release"))
-    if not new:
-        said = f"GREEN: no new findings in {count(len(checked), 'release')}"
+    subjects = sorted({r["subject"] for r in data["rows"]})
+    if len(subjects) > 1:
+        said = (f"{len(subjects)} SUBJECTS, EACH ITS OWN VERDICT (--subject NAME reports one): "
+                + "; ".join(f"{s} {_said(data, s)}" for s in subjects))
     else:
-        said = f"RED: {count(len(new), 'new finding')} in {count(len(where), 'release')}"
-    if unexercised := {(r["subject"], r["known"]) for r in data["unexercised_findings"]}:
-        said += f"; {count(len(unexercised), 'unexercised known finding')}"
+        said = _said(data, None)
     folded = data["runs"]
     if len(folded) <= 1:
         return said
@@ -52,6 +50,23 @@ def verdict(data: dict) -> str:
         return f"{said} — from {len(folded)} runs: " + ", ".join(run_text(data, r) for r in folded)
     partial = sum(r["partial"] for r in folded)
     return f"{said} — from {len(folded)} runs ({partial} partial): see Runs"
+
+
+def _said(data: dict, subject: str | None) -> str:
+    """GREEN or RED with its counts, over one subject's lines (None: every line)."""
+    new = [r for r in data["new_findings"] if subject in (None, r["subject"])]
+    if subject is None:
+        checked = {rel for r in data["runs"] for rel in r["releases"]}  # a release only benched was never checked
+    else:
+        checked = {r["release"] for r in data["rows"] if r["subject"] == subject}
+    if not new:
+        said = f"GREEN: no new findings in {count(len(checked), 'release')}"
+    else:
+        said = f"RED: {count(len(new), 'new finding')} in {count(len({r['release'] for r in new}), 'release')}"
+    if unexercised := {(r["subject"], r["known"]) for r in data["unexercised_findings"]
+                       if subject in (None, r["subject"])}:
+        said += f"; {count(len(unexercised), 'unexercised known finding')}"
+    return said
 
 
 def run_text(data: dict, r: dict) -> str:
