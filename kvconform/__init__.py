@@ -160,8 +160,9 @@ class KvconformPlugin:
         args.append(f"--kvconform-subject={spec}")
         args += [f"--kvconform-{o.replace('_', '-')}={v}" for o in ("backend", "cache_dtype")
                  for v in config.getoption(f"kvconform_{o}")]
-        for opt in ("contracts_dir", "regressions_dir", "known_findings"):
-            if config.getoption(f"kvconform_{opt}"):
+        # Every option a printed command needs to run as this run did (where its lines go, what it replays from).
+        for opt in ("results_dir", "contracts_dir", "regressions_dir", "known_findings", "max_examples", "timeout"):
+            if config.getoption(f"kvconform_{opt}") is not None:
                 args.append(f"--kvconform-{opt.replace('_', '-')}={config.getoption(f'kvconform_{opt}')}")
         try:
             session = sessions.start(
@@ -186,6 +187,11 @@ class KvconformPlugin:
         node.workerinput["kvconform_warming"] = self.warming is not None
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        return self._header(config)
+
+    def _header(self, config: pytest.Config) -> list[str]:
+        """The run's first lines: subject, device, profile and seed, examples per check, each release and what it
+        leaves unchecked."""
         from hypothesis import settings
 
         from harness import profiles
@@ -204,8 +210,13 @@ class KvconformPlugin:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """On CUDA, start compiling every kernel variant the run can draw (before xdist starts its workers): the
-        checks that launch no kernel run meanwhile, kernel items wait for it, and their examples only load kernels."""
+        checks that launch no kernel run meanwhile, kernel items wait for it, and their examples only load kernels.
+        Under -q, where pytest prints no header, the run's header lines are printed here all the same."""
         s = self.session
+        config = session.config
+        if self.worker is None and config.get_verbosity() < 0 and not config.option.collectonly:
+            for line in self._header(config):
+                config.get_terminal_writer().line(line)
         if self.worker is not None or not s.device.startswith("cuda") or session.config.option.collectonly:
             return
         from harness import devices
@@ -343,6 +354,17 @@ def _default_regressions(config: pytest.Config, subject: str, results_dir: Path)
     return results_dir / "regressions"
 
 
+def _named(request: pytest.FixtureRequest, test: str) -> str:
+    """How a command started where this run was names test `test` of the request's suite module, ready to paste:
+    the module's file relative to that folder where it lies under it (a kvconform checkout), else the installed
+    module through --pyargs (a host project: kvconform's files are not there)."""
+    path = Path(request.module.__file__).resolve()
+    here = Path(request.config.invocation_params.dir).resolve()
+    if path.is_relative_to(here):
+        return shlex.quote(f"{path.relative_to(here)}::{test}")
+    return "--pyargs " + shlex.quote(f"{request.module.__name__}::{test}")
+
+
 def _check_of(module) -> object | None:
     """The check (harness.checks.Check) a suite module implements; None for any other module."""
     from harness.checks import Check
@@ -362,7 +384,7 @@ class Conformance:
 
         self.worker = plugin.worker
         self.session = s = plugin.session
-        node = request.node.nodeid.split("[")[0].removesuffix("_regression") + "_regression"
+        function = request.node.originalname.removesuffix("_regression") + "_regression"
         timeout = limits.item_limit(request.config.getoption("kvconform_timeout"), s.device)
         check = _check_of(request.module)
         if check is not None and check.kernels and plugin.warming is not None:
@@ -371,8 +393,9 @@ class Conformance:
             except TimeoutError as e:
                 pytest.fail(f"timeout: {request.node.nodeid}: {e} (a harness limit, --kvconform-timeout)",
                             pytrace=False)
-        self.loop = loop.Loop(s, f"pytest {node}", request.config.getoption("kvconform_max_examples"),
-                              request.node.nodeid, timeout)
+        self.loop = loop.Loop(s, f"pytest {_named(request, function)}",
+                              request.config.getoption("kvconform_max_examples"), _named(request, request.node.name),
+                              timeout)
 
     def run(self, target, check, fn) -> None:
         """Run `check`'s function `fn` over examples of `target`."""

@@ -53,7 +53,8 @@ def test_a_hanging_subject_ends_its_item_as_a_timeout(tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-3000:]
     item = f"{NODE}[0.20.0-{recorded.geometries('0.22.1', count=1)[0].name}]"
-    assert f"timeout: {item} ran past its limit of 3 s" in out and f"FAILED {item}" in out, out[-3000:]
+    # The timeout names the item as a command takes it (quoted: pasted after `pytest`, it runs that item).
+    assert f"timeout: '{item}' ran past its limit of 3 s" in out and f"FAILED {item}" in out, out[-3000:]
     rows = results.read(tmp_path / "results")
     assert [r.outcome for r in rows] == ["timeout"], rows
     assert item in rows[0].diagnosis and "3 s" in rows[0].diagnosis and rows[0].repro.startswith("REPRO bit-identity")

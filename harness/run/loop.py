@@ -60,7 +60,8 @@ class Settled:
 
 class Loop:
     """Runs one check over examples of one target and records what happened. `replay_command` is the command that
-    replays one kept example of this check (the REPRO line appends `-k <digest>`)."""
+    replays one kept example of this check (the REPRO line appends `-k <digest>`); `item` is how a command names
+    this item, ready to paste (quoted)."""
 
     def __init__(self, session: Session, replay_command: str, max_examples: int | None = None, item: str = "",
                  timeout: float = 0.0):
@@ -186,7 +187,7 @@ class Loop:
         if profiles.shrinks():
             return ""
         return (f"the first failing example found, not shrunk ({settings.get_current_profile_name()}); the shrunk "
-                f"one: pytest {shlex.quote(self.item)} {self.s.args} --hypothesis-profile=kvconform-ci\n")
+                f"one: pytest {self.item} {self.s.args} --hypothesis-profile=kvconform-ci\n")
 
     def _unsupported(self, check: Check, t: Trial) -> str | None:
         """Why the subject does not take this example, by its own word (None when it does): a check that runs its
