@@ -18,6 +18,7 @@ import pytest
 
 from harness import limits
 
+FULL_FAILURES = 3  # new findings a process shows in full; later ones by their finding and REPRO line
 PLUGIN = "kvconform-run"  # the name the active run's KvconformPlugin is registered under
 OPTIONS = ("release", "subject", "max_examples", "results_dir", "contracts_dir", "known_findings", "regressions_dir",
            "workers_per_gpu", "backend", "cache_dtype", "timeout")
@@ -113,6 +114,7 @@ class KvconformPlugin:
         self.warming = None  # harness.run.warmup.Warming in the controller that started one; True in its workers
         self.run = ""  # this run's id: made by the controller, handed to its xdist workers
         self.not_applicable: set = set()  # the checks (harness.checks) the subject lacks a capability for
+        self.failures = 0  # new findings this process has reported (the first FULL_FAILURES in full)
 
     def size_xdist(self) -> None:
         """On CUDA, no -n means GPUs x workers-per-GPU workers (-n 0 keeps one process)."""
@@ -185,6 +187,20 @@ class KvconformPlugin:
         """Hand this run's id to a starting xdist worker: its lines belong to the controller's run."""
         node.workerinput["kvconform_run"] = self.run
         node.workerinput["kvconform_warming"] = self.warming is not None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        """A failing run stays readable: each process shows its first FULL_FAILURES new findings in full (traceback,
+        the shrunk example), every later one as its finding and REPRO line alone; the result lines hold them all."""
+        report = yield
+        from harness.run.loop import NewFinding
+
+        if report.failed and call.excinfo is not None and call.excinfo.errisinstance(NewFinding):
+            self.failures += 1
+            if self.failures > FULL_FAILURES:
+                report.longrepr = (f"{call.excinfo.value}\n(new finding {self.failures} of this process, shown short; "
+                                   f"every result line is in {self.session.results_dir})")
+        return report
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         return self._header(config)
@@ -358,11 +374,17 @@ def _named(request: pytest.FixtureRequest, test: str) -> str:
     """How a command started where this run was names test `test` of the request's suite module, ready to paste:
     the module's file relative to that folder where it lies under it (a kvconform checkout), else the installed
     module through --pyargs (a host project: kvconform's files are not there)."""
+    import kvconform.suites
+
     path = Path(request.module.__file__).resolve()
     here = Path(request.config.invocation_params.dir).resolve()
     if path.is_relative_to(here):
         return shlex.quote(f"{path.relative_to(here)}::{test}")
-    return "--pyargs " + shlex.quote(f"{request.module.__name__}::{test}")
+    # A suite file is importable as kvconform.suites.<name> wherever kvconform is installed, whatever name this
+    # run imported it under (conformance.<name> in a checkout).
+    suites = Path(kvconform.suites.__file__).resolve().parent
+    module = f"kvconform.suites.{path.stem}" if path.parent == suites else request.module.__name__
+    return "--pyargs " + shlex.quote(f"{module}::{test}")
 
 
 def _check_of(module) -> object | None:

@@ -1,7 +1,8 @@
 """Every command kvconform prints runs as printed from a host project: with kvconform installed non-editable (its
 suites are `kvconform.suites` in site-packages, no checkout on the path), a failing gallery consumer's REPRO line
 and its shrink command, pasted into a shell in the project, each run exactly the one item they name, reproduce the
-failure, and keep the run's options (its results folder)."""
+failure, and keep the run's options (its results folder). A failing run's output stays readable: the first new
+findings in full, the later ones by their finding and REPRO line."""
 
 from __future__ import annotations
 
@@ -49,6 +50,10 @@ def test_printed_commands_paste_from_a_host_project(host):
                         "--hypothesis-profile=kvconform-find")
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-3000:]
+    # Readable: the first three new findings in full (traceback, the shrunk example), each later one short.
+    failed = len(re.findall(r"^FAILED ", out, re.M))
+    assert failed > 3 and out.count("Falsifying explicit example") == 3, out[-3000:]
+    assert out.count("of this process, shown short; every result line is in") == failed - 3, out[-3000:]
     repro = re.findall(r"^E\s+(REPRO .*)$", out, re.M)[0]
     shrink = re.findall(r"the shrunk one: (pytest .*)$", out, re.M)[0]
     assert shrink.startswith("pytest --pyargs 'kvconform.suites.test_split::test_split_agrees["), shrink
