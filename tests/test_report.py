@@ -743,8 +743,8 @@ def test_lines_of_two_subjects_get_a_verdict_each_and_subject_reports_one(tmp_pa
     merged(root)
     assert main([str(root), "--out", str(tmp_path / "both")]) == 0
     verdict = json.loads((tmp_path / "both" / "report.json").read_text())["verdict"]
-    assert verdict == ("2 SUBJECTS, EACH ITS OWN VERDICT (--subject NAME reports one): block-mover GREEN: no new "
-                       "findings in 2 releases; manager-ids RED: 1 new finding in 1 release"), verdict
+    assert verdict == ("RED for 1 of 2 subjects (--subject NAME reports one): block-mover GREEN: no new findings in "
+                       "2 releases; manager-ids RED: 1 new finding in 1 release"), verdict
     assert main([str(root), "--subject", "block-mover", "--out", str(tmp_path / "one")]) == 0
     one = json.loads((tmp_path / "one" / "report.json").read_text())
     assert one["verdict"] == "GREEN: no new findings in 2 releases" and not one["new_findings"]

@@ -78,7 +78,9 @@ def test_performance_lines_never_change_the_verdict(tmp_path):
     root = conformance(tmp_path / "results")
     alone = report_data(results.read(root))
     data = fold(root)
-    assert data["verdict"] == alone["verdict"] == "GREEN: no new findings in 2 releases"
+    assert data["verdict"] == alone["verdict"] == ("GREEN for each of 2 subjects (--subject NAME reports one): builtin "
+                                                   "GREEN: no new findings in 2 releases; other GREEN: no new findings "
+                                                   "in 1 release")
     assert data["new_findings"] == [] and data["keys"] == alone["keys"]
     line = "Performance: 2 new findings (nox -s bench fails on them; not a conformance outcome)"
     md = report_md(data)
@@ -90,7 +92,8 @@ def test_performance_lines_never_change_the_verdict(tmp_path):
     # a red conformance verdict stays the same too; no new performance finding: no line
     add(root, "0.33.0", "packed:B.H.N.C", "differs", diagnosis="1 of 8 differ")
     data = fold(merged(root), [t for t in LINES if not t.new_finding])
-    assert data["verdict"] == "RED: 1 new finding in 1 release"
+    assert data["verdict"] == ("RED for 1 of 2 subjects (--subject NAME reports one): builtin RED: 1 new finding in 1 "
+                               "release; other GREEN: no new findings in 1 release")
     assert "Performance:" not in report_md(data) and 'class="bench-verdict"' not in report_html(data)
 
 
@@ -262,7 +265,9 @@ def test_a_subject_or_release_only_benched_gets_its_matrix(tmp_path):
     data = fold(root, [bench("0.22.1", "packed:B.H.N.C", "decode 4k", "within", 0.96),
                        bench("0.33.0", "packed:B.H.N.C", "decode 4k", "slower", 1.4, subject="slow")])
     assert data["releases"] == ["0.22.1", "0.25.1", "0.33.0"]  # 0.22.1: benched only, in version order
-    assert data["verdict"] == "GREEN: no new findings in 2 releases"  # the releases checked, not the benched one
+    # the releases checked, not the benched one; the subject only benched has no verdict
+    assert data["verdict"] == ("GREEN for each of 2 subjects (--subject NAME reports one): builtin GREEN: no new "
+                               "findings in 2 releases; other GREEN: no new findings in 1 release")
     md = report_md(data)
     assert f"- slow: {sections.UNCHECKED}\n" in md.split("## Runs folded", 1)[0]
     table = md.split("### builtin\n\n", 1)[1].split("\n\n", 1)[0].splitlines()

@@ -39,8 +39,10 @@ def verdict(data: dict) -> str:
                 + count(len(data["releases"]), "release"))
     subjects = sorted({r["subject"] for r in data["rows"]})
     if len(subjects) > 1:
-        said = (f"{len(subjects)} SUBJECTS, EACH ITS OWN VERDICT (--subject NAME reports one): "
-                + "; ".join(f"{s} {_said(data, s)}" for s in subjects))
+        each = {s: _said(data, s) for s in subjects}
+        red = sum(v.startswith("RED") for v in each.values())
+        head = f"RED for {red} of {len(subjects)} subjects" if red else f"GREEN for each of {len(subjects)} subjects"
+        said = f"{head} (--subject NAME reports one): " + "; ".join(f"{s} {v}" for s, v in each.items())
     else:
         said = _said(data, None)
     folded = data["runs"]
