@@ -42,7 +42,7 @@ def cell(model: dict[str, Any]) -> str:
     words += [f"kernel blocks of {k} in manager blocks of {m}" for k, m in splits]
     if any(g["page_size_padded"] is not None for g in model["groups"]):
         words.append("padded pages")
-    if _interleaved(model["layers"]):
+    if interleaved(model["layers"]):
         words.append("layers interleaved per block")
     if model.get("cross_layer_tensor"):
         words.append("the connector gets one cross-layer tensor")
@@ -57,7 +57,7 @@ def views(layer: dict[str, Any]) -> list[dict[str, Any]]:
     return given if isinstance(given, list) else [given]
 
 
-def _interleaved(layers: dict[str, Any]) -> bool:
+def interleaved(layers: dict[str, Any]) -> bool:
     """Two layers of one allocation whose byte ranges cross although no byte is shared."""
     spans = [(name, v) for name, layer in layers.items() for v in views(layer)]
     return any(x != y and a["allocation"] == b["allocation"] and x not in layers[y]["overlaps"]

@@ -137,7 +137,7 @@ def model(release: str, name: str, body: dict[str, Any], contracts: tuple[Contra
     spec = next((m for m in MODELS if m.name == name), None)
     if spec is None:
         raise Outside(f"not a model kvconform defines ({', '.join(m.name for m in MODELS)})")
-    cross = allocations._interleaved(body["layers"])
+    cross = allocations.interleaved(body["layers"])
     handed, unhanded = [], []
     for layer_name, rec in body["layers"].items():
         backend = spec.layers[layer_name].backend

@@ -149,7 +149,7 @@ def connector_moved(t: Trial) -> Outcome:
     shared layers, layers not handed, padding)."""
     m, seed = t.target.model, t.example.seed
     src, dst = moves(list(range(m.num_blocks)), m.num_blocks, seed)
-    moved_ = f"manager blocks {src} -> {dst} of {m.num_blocks}"
+    said = f"manager blocks {src} -> {dst} of {m.num_blocks}"
     device = t.device
     source = model.allocated(m.allocations, device)
     g = torch.Generator().manual_seed(seed)
@@ -157,12 +157,11 @@ def connector_moved(t: Trial) -> Outcome:
         b.copy_(torch.randint(-128, 128, b.shape, dtype=torch.int8, generator=g))
     before = [b.clone() for b in source]
     layers = {h.name: h.layer for h in m.handed}
-    ids = (torch.tensor(x, dtype=torch.int64, device=device) for x in (src, dst))
-    source_ids, target_ids = ids
+    source_ids, target_ids = (torch.tensor(x, dtype=torch.int64, device=device) for x in (src, dst))
     payload = t.call(t.subject.extract_blocks, handed(m, source), layers, source_ids)
     changed = sum(int((a != b).sum()) for a, b in zip(source, before))
     if changed:
-        return Outcome(Word.DIFFERS, f"extract_blocks of {moved_} changed {changed} bytes of the source allocations")
+        return Outcome(Word.DIFFERS, f"extract_blocks of {said} changed {changed} bytes of the source allocations")
     for b in source:
         b.fill_(model.POISON)
 
@@ -171,7 +170,7 @@ def connector_moved(t: Trial) -> Outcome:
     if all(bool((b == model.POISON).all()) for b in target):
         return Outcome(Word.DIFFERS, "after inject_blocks every byte of the target allocations is still the poison "
                                      "they were allocated with: it wrote nothing, or only poison (a payload that "
-                                     f"aliases the source reads its reused, poisoned blocks) ({moved_})")
+                                     f"aliases the source reads its reused, poisoned blocks) ({said})")
     expected = model.allocated(m.allocations, device)
     for h in m.handed:
         want, was = model.tensor(h, expected), model.tensor(h, before)
@@ -186,16 +185,16 @@ def connector_moved(t: Trial) -> Outcome:
             for j, (ks, kd) in enumerate(zip(h.kernel_blocks[s], kernel)):
                 o = compare(model.kernel_block(got, h, kd), model.kernel_block(want, h, kd),
                             f"layer {h.name}: kernel block {kd} (block {j} of {len(kernel)} in manager block {d}) "
-                            f"should hold source manager block {s}'s kernel block {ks} ({moved_})", axes)
+                            f"should hold source manager block {s}'s kernel block {ks} ({said})", axes)
                 if o.word != Word.BIT_IDENTICAL:
                     return Outcome(o.word, o.diagnosis, f"layer={h.name} block={d} kernel_block={kd}")
     for i, (a, b) in enumerate(zip(target, expected)):
         wrong = (a != b).nonzero()
         if wrong.numel():
             first = int(wrong[0])
-            at, where_ = model.owner(m, i, first)
+            at, place = model.owner(m, i, first)
             return Outcome(Word.DIFFERS, f"{wrong.numel()} bytes of allocation {i} outside the moved kernel blocks "
-                                         f"changed (first at byte {first}: {at}; {moved_})", where_)
+                                         f"changed (first at byte {first}: {at}; {said})", place)
     return Outcome(Word.BIT_IDENTICAL)
 
 
