@@ -189,3 +189,28 @@ def test_kvconforms_own_subjects_are_a_module_class_the_core_loads_in_any_proces
         "BuiltinSubject builtin[mutant table_row]", "ModeloptSubject modelopt", "BuiltinSubject builtin",
         "unknown subject 'modelopt'; a subject is builtin or module:Class"], done.stdout
 
+
+
+class NoDiffKV:
+    """Refuses a cache whose V head size is not K's: a subject that reads one head size."""
+
+    name = "no-diffkv"
+    capabilities = frozenset({"split"})
+
+    def supports_layer(self, layer):
+        return "V's head size unlike K's" if layer.head_size_v != layer.head_size else None
+
+    def split(self, kv_cache, layer):
+        raise ValueError(f"kv_cache {tuple(kv_cache.shape)}")
+
+
+def test_the_header_lists_the_diff_kv_geometries_a_subject_refuses(tmp_path):
+    # Asked at the sizes the examples draw (V narrower and wider than K), not at one head size for both.
+    from harness import findings, fixtures
+    from harness.run import coverage
+
+    s = sessions.start("test_capabilities:NoDiffKV", ["0.25.1"], fixtures.ROOT, tmp_path, tmp_path / "kept",
+                       findings.DIRECTORY, "cpu", "test", "")
+    line = coverage.coverage(s)[0]
+    assert ("2 geometries (packed-tokens:B.N.H.C+diffkv, packed-tokens:B.H.N.C+diffkv): unsupported, by its "
+            "supports_layer: V's head size unlike K's") in line, line
