@@ -137,9 +137,9 @@ def replay(session: nox.Session) -> None:
                     f"--kvconform-regressions-dir={ROOT / 'fixtures' / 'regressions'}",  # its committed guards
                     f"--junitxml={junit.with_name('junit-offloader.xml')}", *args,
                     env={"TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "examples")})
-        session.log("and for the example connector (examples/connector.py), whose model-transfer check runs")
+        session.log("and for the example block mover (examples/block_mover.py), whose model-transfer check runs")
         session.run("pytest", "conformance/test_model_transfer.py", "--kvconform-release", "recorded", "-n", "2",
-                    "--hypothesis-profile=kvconform-ci", "--kvconform-subject=connector:Connector",
+                    "--hypothesis-profile=kvconform-ci", "--kvconform-subject=block_mover:BlockMover",
                     f"--junitxml={junit.with_name('junit-connector.xml')}", *args,
                     env={"PYTHONPATH": str(ROOT / "examples")})
 
