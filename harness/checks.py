@@ -77,8 +77,8 @@ ULP_AUTOTUNED = Check("ulp-autotuned", frozenset({"split", "forward", "autotune"
                       module="test_ulp_autotuned", mode="none", says={"differs": "beyond the rounding bound"})
 
 # In the order a reader follows a release: could it be installed and read, then the layout, then the kernels.
-CHECKS = (INSTALL, CONTRACTS, DRIFT, SPLIT_AGREES, REJECTS_MALFORMED, TRANSFER, RELAYOUT, MODEL_TRANSFER, KV_CHECKS, BIT_IDENTITY,
-          DETERMINISM, ORACLE, VLLM_WRITE, ULP_AUTOTUNED)
+CHECKS = (INSTALL, CONTRACTS, DRIFT, SPLIT_AGREES, REJECTS_MALFORMED, TRANSFER, RELAYOUT, MODEL_TRANSFER, KV_CHECKS,
+          BIT_IDENTITY, DETERMINISM, ORACLE, VLLM_WRITE, ULP_AUTOTUNED)
 KERNEL_CHECKS = tuple(c.name for c in CHECKS if c.kernels)
 BY_NAME = {c.name: c for c in CHECKS}
 

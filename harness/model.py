@@ -5,9 +5,10 @@ scheduler's block, which the block ids a KV connector gets count).
 
 The model-transfer check (conformance/test_model_transfer.py) hands a subject what `register_kv_caches` receives,
 the layers' views by name, with a layer value for each (harness.layer.Layer, whose `block_size` is the kernel
-block's and `manager_block_size` the manager block's), then manager block ids. Only attention layers holding K and V are handed:
-a Mamba layer's states and latent or indexer caches are not K/V. Their bytes still count: a move leaves every byte
-outside the moved kernel blocks of the handed layers as it was, where groups overlay each other and layers share.
+block's and `manager_block_size` the manager block's), then manager block ids. Only attention layers holding K
+and V are handed: a Mamba layer's states and latent or indexer caches are not K/V. Their bytes still count: a move
+leaves every byte outside the moved kernel blocks of the handed layers as it was, where groups overlay each other
+and layers share.
 """
 
 from __future__ import annotations
@@ -44,30 +45,25 @@ class Handed:
 
 @dataclass(frozen=True)
 class Model:
-    """One model configuration as one release allocates it: its allocations' sizes in bytes, the layers a K/V
-    connector is handed, and the geometry those layers have (the release's contract of their backend)."""
+    """One model configuration as one release allocates it: its allocations' sizes in bytes and the layers a K/V
+    connector is handed."""
 
     release: str
     name: str
-    about: str
     layout: str  # the layout the release allocated it in (a KVCacheLayout name, or NHD/HND)
     num_blocks: int  # manager blocks
     allocations: tuple[int, ...]
     handed: tuple[Handed, ...]
-    contract: Contract
-    unhanded: tuple[str, ...]  # its layers that are not K/V, with what they are
 
     @property
     def geometry(self) -> str:
         """Its name in result lines and item ids."""
         return f"model:{self.name}"
 
-    def describe(self) -> str:
-        split = sorted({(h.layer.block_size, h.layer.manager_block_size) for h in self.handed
-                        if h.layer.block_size != h.layer.manager_block_size})
-        return (f"vLLM {self.release} model {self.name} ({self.about}), {self.layout}, {self.num_blocks} manager blocks"
-                + "".join(f", kernel blocks of {k} tokens in manager blocks of {m}" for k, m in split)
-                + (f"; not handed: {', '.join(self.unhanded)}" if self.unhanded else ""))
+    @property
+    def contract(self) -> Contract:
+        """The geometry of the layers it hands (the release's contract of the first one's backend)."""
+        return self.handed[0].contract
 
 
 @dataclass(frozen=True)
@@ -156,8 +152,7 @@ def model(release: str, name: str, body: dict[str, Any], contracts: tuple[Contra
                               tuple(body["allocations"]), recording))
     if not handed:
         raise Outside(f"none of its layers holds K and V ({', '.join(unhanded)})")
-    return Model(release, name, body["about"], body["layout"], body["num_blocks"], tuple(body["allocations"]),
-                 tuple(handed), handed[0].contract, tuple(unhanded))
+    return Model(release, name, body["layout"], body["num_blocks"], tuple(body["allocations"]), tuple(handed))
 
 
 def _handed(release: str, name: str, rec: dict[str, Any], contract: Contract, backend: str, layout: str,
@@ -209,6 +204,11 @@ def tensor(h: Handed, buffers: list[torch.Tensor]) -> torch.Tensor:
                             f"{v['offset_bytes']} are not whole {v['dtype']} elements")
     flat = buffers[v["allocation"]].view(dtype)
     return flat.as_strided(v["shape"], [s // size for s in v["stride_bytes"]], v["offset_bytes"] // size)
+
+
+def kv_caches(m: Model, buffers: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What `register_kv_caches` receives for model `m` allocated in `buffers`: each handed layer's view by name."""
+    return {h.name: tensor(h, buffers) for h in m.handed}
 
 
 def kernel_block(t: torch.Tensor, h: Handed, k: int) -> torch.Tensor:

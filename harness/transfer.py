@@ -22,11 +22,9 @@ from harness.compare import bits
 from harness.contract import Contract, views
 from harness.contract.views import poison
 from harness.layer import Layer, in_force
-from harness.model import Model
 from harness.results import Word
 from harness.run.trial import Outcome, Trial, compare
-from harness.strategies import Example, Sizes, ambiguous, cases, num_blocks
-from harness.strategies import examples as placed
+from harness.strategies import Example, Sizes, ambiguous, cases, examples as placed, num_blocks
 
 SMALL = (2, 3)
 
@@ -158,7 +156,7 @@ def connector_moved(t: Trial) -> Outcome:
     before = [b.clone() for b in source]
     layers = {h.name: h.layer for h in m.handed}
     source_ids, target_ids = (torch.tensor(x, dtype=torch.int64, device=device) for x in (src, dst))
-    payload = t.call(t.subject.extract_blocks, handed(m, source), layers, source_ids)
+    payload = t.call(t.subject.extract_blocks, model.kv_caches(m, source), layers, source_ids)
     changed = sum(int((a != b).sum()) for a, b in zip(source, before))
     if changed:
         return Outcome(Word.DIFFERS, f"extract_blocks of {said} changed {changed} bytes of the source allocations")
@@ -166,7 +164,7 @@ def connector_moved(t: Trial) -> Outcome:
         b.fill_(model.POISON)
 
     target = model.allocated(m.allocations, device)
-    t.call(t.subject.inject_blocks, handed(m, target), layers, target_ids, payload)
+    t.call(t.subject.inject_blocks, model.kv_caches(m, target), layers, target_ids, payload)
     if all(bool((b == model.POISON).all()) for b in target):
         return Outcome(Word.DIFFERS, "after inject_blocks every byte of the target allocations is still the poison "
                                      "they were allocated with: it wrote nothing, or only poison (a payload that "
@@ -196,8 +194,3 @@ def connector_moved(t: Trial) -> Outcome:
             return Outcome(Word.DIFFERS, f"{wrong.numel()} bytes of allocation {i} outside the moved kernel blocks "
                                          f"changed (first at byte {first}: {at}; {said})", place)
     return Outcome(Word.BIT_IDENTICAL)
-
-
-def handed(m: Model, buffers: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """What `register_kv_caches` receives for model `m` allocated in `buffers`: each handed layer's view by name."""
-    return {h.name: model.tensor(h, buffers) for h in m.handed}

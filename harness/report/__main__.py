@@ -2,15 +2,16 @@
 last report, and where.
 
 `python -m harness.report results [--out DIR] [--since OLD/report.json] [--run ID ...] [--subject NAME ...]` reads
-results/<release>/results.jsonl (only the lines of the runs and subjects named, with --run and --subject) and writes, into the results folder
-unless --out: report.md (the CI summary, harness.report.markdown), report.html (the same report as one self-contained
-page with a drill-down per cell and filters, harness.report.html) and report.json (every count, and the keys a later
-report compares against, harness.report.fold). First a verdict (one per subject where the lines are of several; naming the runs it was folded from, when
-there are several) and the runs folded, each with its lines per release (partial: other runs' lines are among them), then what
-changed since OLD (harness.report.changes) when anything did, the new findings grouped by kind with their REPRO
-lines, the failures only one release, backend or cache dtype has (harness.report.lone_failures), then per subject a
-release x check and a release x cache dtype matrix whose cells read passed/total (harness.report.cells); every outcome
-word with its count comes after, under Details. Outcome words are never folded together, and an outcome a known
+results/<release>/results.jsonl (only the lines of the runs and subjects named, with --run and --subject) and
+writes, into the results folder unless --out: report.md (the CI summary, harness.report.markdown), report.html (the
+same report as one self-contained page with a drill-down per cell and filters, harness.report.html) and report.json
+(every count, and the keys a later report compares against, harness.report.fold). First a verdict (one per subject
+where the lines are of several; naming the runs it was folded from, when there are several) and the runs folded,
+each with its lines per release (partial: other runs' lines are among them), then what changed since OLD
+(harness.report.changes) when anything did, the new findings grouped by kind with their REPRO lines, the failures
+only one release, backend or cache dtype has (harness.report.lone_failures), then per subject a release x check and
+a release x cache dtype matrix whose cells read passed/total (harness.report.cells); every outcome word with its
+count comes after, under Details. Outcome words are never folded together, and an outcome a known
 finding predicted is marked `[known]` (see docs/report.md). The performance lane's lines
 (results/<release>/performance.jsonl, harness.timings: all of them, whatever --run names; each release's file holds
 the last bench of each subject) are shown beside the conformance cells and in a section of their own; they never
@@ -60,8 +61,9 @@ def main(argv: list[str]) -> int:
         if unknown := [x for x in args.subject if x not in subjects]:
             raise ValueError(f"--subject {', '.join(unknown)}: no lines of it under {args.results}; its subjects: "
                              + ", ".join(subjects))
-        rows = [r for r in rows if r.subject in (args.subject or subjects)]
-        timings = [t for t in timings if t.subject in (args.subject or {t.subject for t in timings})]
+        if args.subject:
+            rows = [r for r in rows if r.subject in args.subject]
+            timings = [t for t in timings if t.subject in args.subject]
         chosen = set(args.run or known)
         data = report_data([r for r in rows if r.run in chosen], args.since, [r for r in rows if r.run not in chosen],
                            timings=timings)

@@ -40,8 +40,8 @@ def coverage(session: Session) -> list[str]:
         for c in chosen:
             # A diff-KV geometry is asked at the head sizes its examples draw (V narrower and wider than K): a
             # subject may refuse V's own head size alone.
-            asked = [replace(NOMINAL, head_dim=k, head_dim_v=v) for k, v in s.sizes.diff_kv_dims] if c.diff_kv else [
-                NOMINAL]
+            asked = ([replace(NOMINAL, head_dim=k, head_dim_v=v) for k, v in s.sizes.diff_kv_dims] if c.diff_kv
+                     else [NOMINAL])
             reason = next((why for dims in asked if (why := s.supports(r, c, dims))), None)
             if reason:
                 refused.setdefault(reason, []).append(c.name)
