@@ -33,7 +33,7 @@ import nox
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from harness import matrix, results  # noqa: E402
+from harness import build, matrix, results  # noqa: E402
 
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["tests"]
@@ -101,7 +101,8 @@ def _conformance(session: nox.Session, release: matrix.Release, *extra: str) -> 
     with _posargs(session) as args:
         _install_vllm(session, release, *extra)
         junit = ROOT / "results" / release.name / "junit.xml"
-        session.run("pytest", "conformance", "--kvconform-release", release.name, f"--junitxml={junit}", *args)
+        session.run("pytest", "conformance", "--kvconform-release", release.name, f"--junitxml={junit}", *args,
+                    env={build.INDEX_ENV: _index(release)})
 
 
 @nox.session(tags=["matrix"])
@@ -177,7 +178,8 @@ def probe(session: nox.Session) -> None:
             facts = {"cold_s": round(cold, 1), "warm_s": round(warm, 1), "python": python.version,
                      "pins": list(r.pins)}
             cmd = [str(venv / "bin" / "python"), "-m", "harness.probe", "--release", name, "--install", json.dumps(facts)]
-            session.run(*cmd, *(["--check"] if check else []), env={"PYTHONPATH": str(ROOT)})
+            session.run(*cmd, *(["--check"] if check else []),
+                        env={"PYTHONPATH": str(ROOT), build.INDEX_ENV: _index(r)})
         except nox.command.CommandFailed as e:
             failures.append(f"{name} ({e.reason or 'failed'})")
         finally:
@@ -218,6 +220,11 @@ def api(session: nox.Session) -> None:
             _remove(session, venv)
     if failures:
         session.error(f"the recorded layout API differs from or could not be checked against: {', '.join(failures)}")
+
+
+def _index(r: matrix.Release) -> str:
+    """Where the session's vLLM came from, for the build its result lines and recordings name."""
+    return build.index_of(matrix.nightly_index() if r.nightly else None)
 
 
 def _listed(session: nox.Session, names: list[str]) -> None:

@@ -50,6 +50,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from harness import checks
+from harness.build import Build
 
 
 
@@ -96,6 +97,7 @@ class Result:
     time: str = ""  # when it happened (UTC, ISO 8601; stamped when written unless set)
     release: str
     source: str  # "live" (probed from the installed vLLM), "replay" (recorded fixture), or "install"
+    build: Build | None = None  # the vLLM build the contracts came from (harness.build); None for an install-error
     subject: str
     check: str  # a harness.checks name
     outcome: Word
@@ -120,6 +122,8 @@ class Result:
         except ValueError:
             raise ValueError(f"unknown outcome {self.outcome!r}; known: {tuple(w.value for w in Word)}") from None
         object.__setattr__(self, "backends", tuple(self.backends))
+        if isinstance(self.build, dict):  # as a line holds it
+            object.__setattr__(self, "build", Build(**self.build))
 
 
 def new_run_id() -> str:

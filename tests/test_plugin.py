@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from harness import fixtures
+
 pytest_plugins = ["pytester"]
 
 HOST_SUBJECT = '''
@@ -95,6 +97,13 @@ def test_a_correct_subject_passes_on_every_family(host):
     # The summary's cost of each check counts the examples its result lines record, and names its phases.
     lines = [json.loads(x) for r in FAMILIES
              for x in (host.path / "results" / r / "results.jsonl").read_text().splitlines()]
+    # Each line names the vLLM build its recording was probed from (the version alone where the recording kept no
+    # more), as the recording itself says.
+    for r in FAMILIES:
+        seen = fixtures.load(r).observations
+        want = seen.get("build") or {"version": seen["installed"], "commit": "", "wheel": "", "index": ""}
+        assert {json.dumps(x["build"], sort_keys=True) for x in lines if x["release"] == r} == {
+            json.dumps(want, sort_keys=True)}, r
     # Under -q (pytest prints no header) the run's header lines come first all the same, once.
     assert out.count("kvconform release 0.33.0: replay of the recorded fixture") == 1, out[:3000]
     assert re.search(r"^kvconform 0\.22\.1: host-correct selects .* not checked", out, re.M), out[:3000]

@@ -10,11 +10,13 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from harness import report, results
+from harness.build import PYPI, Build
 from harness.report import cells, sections
 from harness.report.__main__ import main
 from harness.report.fold import report_data, span
@@ -296,19 +298,23 @@ def test_cache_dtypes_get_their_own_matrix_and_geometries_name_their_backends(tm
     assert "release × cache dtype" in report_html(data)
 
 
+WHEEL_0330 = Build("0.33.0", "5f0c2b1de", "vllm-0.33.0-cp38-abi3-linux_x86_64.whl", PYPI)
+
+
 def test_the_report_names_the_run_each_release_comes_from(tmp_path):
     root = tmp_path / "results"
     results.append(root, Result(release="0.25.1", source="replay", subject="builtin", geometry="g",
                                 check="bit-identity", outcome="bit-identical", run="20261201T090000Z-aaaaaa"), "w")
     results.append(root, Result(release="0.33.0", source="live", subject="builtin", geometry="g",
                                 check="bit-identity", outcome="bit-identical", run="20261201T100000Z-bbbbbb",
-                                time="2026-12-01T10:02:03+00:00"), "w")
+                                time="2026-12-01T10:02:03+00:00", build=WHEEL_0330), "w")
     data = fold(root)
     assert [r["run"] for r in data["origins"]["builtin"]["0.25.1"]["runs"]] == ["20261201T090000Z-aaaaaa"]
-    assert data["origins"]["builtin"]["0.33.0"] == {"sources": ["live"], "runs": [
+    assert data["origins"]["builtin"]["0.33.0"] == {"sources": ["live"], "builds": [asdict(WHEEL_0330)], "runs": [
         {"run": "20261201T100000Z-bbbbbb", "time": "2026-12-01T10:02:03+00:00", "lines": 1}]}
     md = report_md(data)
-    assert "| 0.33.0 | live, run 20261201T100000Z-bbbbbb at 2026-12-01T10:02:03+00:00 |" in md, md
+    assert ("| 0.33.0 | live of vllm 0.33.0 (5f0c2b1de) vllm-0.33.0-cp38-abi3-linux_x86_64.whl from "
+            "https://pypi.org/simple, run 20261201T100000Z-bbbbbb at 2026-12-01T10:02:03+00:00 |") in md, md
     assert "run 20261201T090000Z-aaaaaa at 20" in md  # the time append() stamped
 
 
@@ -340,7 +346,7 @@ def two_runs(tmp_path):
 def test_since_lists_exactly_a_planted_new_failure_and_a_planted_fix(tmp_path):
     _, new = two_runs(tmp_path)
     old_json = tmp_path / "old-report" / "report.json"
-    data = report_data(results.read(new), since=old_json)
+    data = report_data(results.read(new), since=[old_json])
     ch = data["changes"]
     assert [(c["release"], c["check"], c["geometry"], c["backends"], c["before"], c["after"], c["repro"])
             for c in ch["new_failures"]] == [
@@ -376,7 +382,7 @@ def test_since_names_appeared_and_vanished_geometries_and_backends_and_gone_stal
     add(new, "0.33.0", "packed:B.N.H.C", "bit-identical", backends=("FLASH_ATTN",))
     add(new, "0.33.0", "*", "stale", check="split-agrees", known="builtin#2")
     assert main([str(merged(old)), "--out", str(tmp_path / "o")]) == 0
-    ch = report_data(results.read(merged(new)), since=tmp_path / "o" / "report.json")["changes"]
+    ch = report_data(results.read(merged(new)), since=[tmp_path / "o" / "report.json"])["changes"]
     assert ch["releases_vanished"] == ["0.32.0"] and not ch["releases_appeared"]
     assert [(p["release"], p["name"]) for p in ch["geometries_appeared"]] == [("0.33.0", "packed:B.N.H.C")]
     assert [(p["release"], p["name"]) for p in ch["backends_vanished"]] == [("0.33.0", "XFORMERS")]
@@ -440,7 +446,7 @@ def test_since_names_known_findings_gone_unexercised(tmp_path):
     old, new = tmp_path / "old", tmp_path / "new"
     add(old, "0.33.0", "packed:B.H.N.C@fp8_e4m3", "differs", check="split-agrees", known="builtin#3")
     assert main([str(merged(old)), "--out", str(tmp_path / "o")]) == 0
-    data = report_data(results.read(merged(unexercised_run(new))), since=tmp_path / "o" / "report.json")
+    data = report_data(results.read(merged(unexercised_run(new))), since=[tmp_path / "o" / "report.json"])
     assert [(p["release"], p["name"]) for p in data["changes"]["gone_unexercised"]] == [
         ("0.33.0", "builtin#3 (split-agrees)")]
     assert not data["changes"]["gone_stale"] and not data["changes"]["new_failures"]
@@ -586,7 +592,7 @@ def test_the_report_command_imports_only_the_standard_library(tmp_path):
 
 
 # harness.report's modules, each importing only the ones before it: no circle, nothing imported inside a function.
-_LAYERS = ("cells", "keys", "changes", "lone_failures", "fold", "sections", "markdown", "html", "__main__")
+_LAYERS = ("cells", "keys", "changes", "history", "lone_failures", "fold", "sections", "markdown", "html", "__main__")
 
 
 def test_the_report_modules_import_one_way():

@@ -35,7 +35,7 @@ def test_lines_are_plain_json_with_every_field(tmp_path):
     line = json.loads(path.read_text())
     assert set(line) == {"release", "source", "subject", "geometry", "check", "sparsity", "outcome", "case",
                          "repro", "diagnosis", "known", "device", "run", "time", "seconds", "backends", "cache_dtype",
-                         "family", "order", "layers", "schema"}
+                         "family", "order", "layers", "schema", "build"}
     assert line["outcome"] == "differs" and line["diagnosis"] == "3 of 8 differ"
     assert re.fullmatch(r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", line["time"])  # stamped when written
 

@@ -14,7 +14,7 @@ import json
 import sys
 import time
 
-from harness import allocations, fixtures
+from harness import allocations, build, fixtures
 from harness.drift import drift
 from harness.probe import ProbeError, probe, release
 
@@ -32,7 +32,8 @@ def main(argv: list[str]) -> int:
         print(f"contract-error: {e}", file=sys.stderr)
         return 3
     name = args.release or live.release
-    obs = dict(live.observations, installed=release(), probe_s=round(time.perf_counter() - start, 1))
+    obs = dict(live.observations, installed=release(), build=dataclasses.asdict(build.installed()),
+               probe_s=round(time.perf_counter() - start, 1))
     obs.update(json.loads(args.install) and {"install": json.loads(args.install)})
     live = dataclasses.replace(live, release=name, observations=obs)
     for c in live.contracts:

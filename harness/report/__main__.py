@@ -1,21 +1,23 @@
 """Fold every session's results into a report read like a conformance dashboard: what broke, what changed since the
 last report, and where.
 
-`python -m harness.report results [--out DIR] [--since OLD/report.json] [--run ID ...] [--subject NAME ...]` reads
-results/<release>/results.jsonl (only the lines of the runs and subjects named, with --run and --subject) and
-writes, into the results folder unless --out: report.md (the CI summary, harness.report.markdown), report.html (the
-same report as one self-contained page with a drill-down per cell and filters, harness.report.html) and report.json
-(every count, and the keys a later report compares against, harness.report.fold). First a verdict (one per subject
-where the lines are of several; naming the runs it was folded from, when there are several) and the runs folded,
-each with its lines per release (partial: other runs' lines are among them), then what changed since OLD
-(harness.report.changes) when anything did, the new findings grouped by kind with their REPRO lines, the failures
-only one release, backend or cache dtype has (harness.report.lone_failures), then per subject a release x check and
-a release x cache dtype matrix whose cells read passed/total (harness.report.cells); every outcome word with its
-count comes after, under Details. Outcome words are never folded together, and an outcome a known
-finding predicted is marked `[known]` (see docs/report.md). The performance lane's lines
-(results/<release>/performance.jsonl, harness.timings: all of them, whatever --run names; each release's file holds
-the last bench of each subject) are shown beside the conformance cells and in a section of their own; they never
-change the verdict, and a folder of them alone is a report whose verdict says there are no conformance results.
+`python -m harness.report results [--out DIR] [--since OLD/report.json ...] [--run ID ...] [--subject NAME ...]` reads
+results/<release>/results.jsonl (only the lines of the runs and subjects named, with --run and --subject) and writes,
+into the results folder unless --out: report.md (the CI summary, harness.report.markdown), report.html (the same report
+as one self-contained page with a drill-down per cell and filters, harness.report.html) and report.json (every count,
+and the keys a later report compares against, harness.report.fold). First a verdict (one per subject where the lines are
+of several; naming the runs it was folded from, when there are several) and the runs folded, each with its lines per
+release (partial: other runs' lines are among them), then what changed since the last OLD (harness.report.changes) when
+anything did, the last build that passed per subject and release, the new findings grouped by kind with their REPRO
+lines, the failures only one release, backend or cache dtype has (harness.report.lone_failures), then per subject a
+release x check and a release x cache dtype matrix whose cells read passed/total (harness.report.cells), each release
+naming the vLLM build its lines came from and each release x check cell its history over the OLD reports and the history
+they kept (harness.report.history: a chart per cell in the HTML, the last change in the markdown); every outcome word
+with its count comes after, under Details. Outcome words are never folded together, and an outcome a known finding
+predicted is marked `[known]` (see docs/report.md). The performance lane's lines (results/<release>/performance.jsonl,
+harness.timings: all of them, whatever --run names; each release's file holds the last bench of each subject) are shown
+beside the conformance cells and in a section of their own; they never change the verdict, and a folder of them alone is
+a report whose verdict says there are no conformance results.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--since", type=Path, default=None, metavar="OLD/report.json",
-                        help="a previous report.json: what changed since it comes first")
+    parser.add_argument("--since", type=Path, action="append", default=[], metavar="OLD/report.json",
+                        help="an earlier report.json (repeatable, oldest first): what changed since the last comes "
+                             "first, and each cell shows its history over them")
     parser.add_argument("--run", action="append", default=[], metavar="ID",
                         help="fold only this run's lines (repeatable); the Runs section names the others")
     parser.add_argument("--subject", action="append", default=[], metavar="NAME",

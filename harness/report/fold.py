@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 from harness import api_history, checks
 from harness.matrix import version_key
-from harness.report import cells, changes, keys
+from harness.report import cells, changes, history, keys
 from harness.report.lone_failures import BACKEND, CACHE_DTYPE, RELEASE, lone_failures
 from harness.results import STALE, UNEXERCISED, Result
 from harness.timings import SLOWER, WITHIN, Timing
@@ -78,12 +78,13 @@ def run_text(data: dict, r: dict) -> str:
     return f"run {r['run']} ({'/'.join(r['sources'])}, {releases}, {r['last'][:10] or 'time unknown'}, {lines})"
 
 
-def report_data(rows: list[Result], since: Path | None = None, left_out: Iterable[Result] = (),
+def report_data(rows: list[Result], since: Sequence[Path] = (), left_out: Iterable[Result] = (),
                 recordings: Path = api_history.ROOT, timings: Iterable[Timing] = ()) -> dict:
     """The report as data: the runs folded, per subject a release x geometry, a release x check and a release x cache
     dtype matrix of word counts, the drill-down rows (subject, release, check, geometry, backends, cache dtype), each
-    key's outcome class, the lists to act on, and, given the previous report.json `since`, what changed since it (a
-    ValueError naming the file when it cannot be read or is not one). `left_out`: the lines of runs not folded (not
+    key's outcome class, the lists to act on, each cell's history and the last build that passed
+    (harness.report.history), and, given earlier report.json files `since` (oldest first), what changed since the last
+    of them (a ValueError naming a file that cannot be read or is not one). `left_out`: the lines of runs not folded (not
     named by --run), listed as such. `recordings`: where the layout API changes of the releases are read from
     (harness.api_history; a ValueError naming a recording that is not JSON). `timings`: the performance lane's lines
     (harness.timings.read), report.json's `performance` (see `performance`); they never change the verdict, but a
@@ -169,8 +170,11 @@ def report_data(rows: list[Result], since: Path | None = None, left_out: Iterabl
                            for s in api_history.history(recordings, releases) if s.changes]
     data["performance"] = performance(timings)
     data["verdict"] = verdict(data)  # the conformance lines' only: a performance finding fails `nox -s bench` instead
-    if since is not None:
-        data["changes"] = _as_json(asdict(changes.compare(changes.load(since), data, since)))
+    earlier = [(str(p), changes.load(p)) for p in since]
+    data["history"] = history.history(earlier)
+    data["last_passed"] = history.last_passed(data, rows, earlier[-1][1] if earlier else None)
+    if earlier:
+        data["changes"] = _as_json(asdict(changes.compare(earlier[-1][1], data, since[-1])))
     return data
 
 
@@ -254,6 +258,7 @@ def _origin(rows: list[Result]) -> dict:
     for r in rows:
         last[r.run] = max(last.get(r.run, ""), r.time)
     return {"sources": sorted({r.source for r in rows}),
+            "builds": [asdict(b) for b in dict.fromkeys(r.build for r in rows if r.build)],
             "runs": [{"run": run, "time": last[run] or "unknown", "lines": n}
                      for run, n in sorted(lines.items(), key=lambda kv: (last[kv[0]], kv[0]))]}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from html import escape
 
-from harness.report import cells, fold, sections
+from harness.report import cells, fold, history, sections
 from harness.report.cells import MARKS, Mark
 
 _TONES = "".join(  # f0..f10: the passed fraction in tenths, pale to full green
@@ -28,6 +28,8 @@ h1{font-size:18px;margin:0 0 8px}h2{font-size:16px;margin:20px 0 6px}h3{font-siz
 .finding{border-left:5px solid #c62828;padding:2px 10px;margin:6px 0;background:#fff5f5}
 .finding p{margin:2px 0}.diag{color:#444}
 .changes{border:2px solid #555;padding:4px 12px;margin:10px 0;background:#fafafa}
+svg.spark{display:block;margin-top:2px}svg.spark polyline{fill:none;stroke:#555;stroke-width:1}
+svg.spark circle{fill:#2e7d32}svg.spark circle.red{fill:#c62828}svg.spark circle.absent{fill:#bbb}
 .changes h3.red,h2.red{color:#c62828}
 pre{font:11px/1.35 ui-monospace,"DejaVu Sans Mono",monospace;background:#f6f6f6;padding:3px 6px;margin:3px 0;
  white-space:pre-wrap;word-break:break-all}
@@ -120,16 +122,47 @@ def _html_mark(m: Mark, n: int) -> str:
     return f'<span class="m {m.name}">{m.glyph}{n:,}</span>'
 
 
-def _cell(counts: dict[str, int], check: str, where: dict[str, str]) -> str:
-    """A matrix cell: its face and the marks beside it, coloured by its tone; `where` its data attributes (subject,
-    release, check or dtype) that a click filters the rows by."""
+def _cell(counts: dict[str, int], check: str, where: dict[str, str], spark: str = "") -> str:
+    """A matrix cell: its face and the marks beside it, coloured by its tone, and `spark` (its history) under them;
+    `where` its data attributes (subject, release, check or dtype) that a click filters the rows by."""
     c = cells.cell(counts)
     if c is None:
-        return '<td class="none">·</td>'
+        return f'<td class="none">·{spark}</td>'
     attrs = "".join(f' data-{k}="{_h(v)}"' for k, v in where.items())
     kind = "cell c" if where else "cell"  # c: it opens rows
     return (f'<td class="{kind} {c.tone}"{attrs} title="{_h(sections.words(check, counts))}"><b>{_h(c.face)}</b>'
-            + "".join(" " + _html_mark(m, n) for m, n in c.beside) + "</td>")
+            + "".join(" " + _html_mark(m, n) for m, n in c.beside) + spark + "</td>")
+
+
+SPARK_W, SPARK_H = 64, 16
+
+
+def _spark(series: list[tuple[str, list | None]]) -> str:
+    """A cell's history as a small chart: passed / total per report, oldest first (a red dot: a new finding then;
+    grey at the bottom: no such cell then); every point's date and counts in its title. Empty without history."""
+    if len(series) < 2:
+        return ""
+    step = (SPARK_W - 4) / (len(series) - 1)
+
+    def y(c: list | None) -> float:
+        return SPARK_H - 2 if c is None else 2 + (SPARK_H - 4) * (1 - c[0] / c[1])
+
+    points = [(2 + i * step, y(c), c) for i, (_, c) in enumerate(series)]
+    lines, run = [], []
+    for x, yy, c in points + [(0, 0, None)]:  # a report without the cell breaks the line
+        if c is None:
+            if len(run) > 1:
+                lines.append(" ".join(run))
+            run = []
+        else:
+            run.append(f"{x:.1f},{yy:.1f}")
+    title = "; ".join(f"{(when[:10] or '?')}: " + ("absent" if c is None else f"{c[0]:,}/{c[1]:,}" + " red" * c[2])
+                      for when, c in series)
+    return (f'<svg class="spark" width="{SPARK_W}" height="{SPARK_H}" viewBox="0 0 {SPARK_W} {SPARK_H}">'
+            f"<title>{_h(title)}</title>" + "".join(f'<polyline points="{p}"/>' for p in lines)
+            + "".join(f'<circle cx="{x:.1f}" cy="{yy:.1f}" r="1.8"'
+                      + (' class="absent"' if c is None else ' class="red"' if c[2] else "") + "/>"
+                      for x, yy, c in points) + "</svg>")
 
 
 def _bench_cell(b: sections.Bench | None) -> str:
@@ -258,6 +291,9 @@ def report_html(data: dict) -> str:
         if len(kinds) > sections.FIRST_GROUPS:
             out.append(f"<p>+{len(kinds) - sections.FIRST_GROUPS} more kinds of new finding: under Details</p>")
     out += [_section(s, "h2") for s in sections.lone_failure_sections(data)]
+    if pins := sections.pins(data):
+        out.append(f'<h2>{_h(sections.PINS_TITLE)}</h2><ul id="pins">'
+                   + "".join(f"<li>{_h(p)}</li>" for p in pins) + "</ul>")
     out.append(f'<h2>Where: release × check</h2><p class="legend">{_h(sections.LEGEND)} Click a cell for its rows. '
                + " ".join(f'<span class="m {m.name}">{m.glyph}</span>&#160;{m.name} ({_h(m.meaning)})'
                           for m in MARKS) + "</p>")
@@ -272,8 +308,9 @@ def report_html(data: dict) -> str:
                    + (f"<th>{_h(sections.BENCH_COLUMN)}</th>" if bench else "") + "</tr>")
         for release in releases:
             cs = data["checks"].get(subject, {}).get(release, {})
-            tds = [_cell(cs.get(check, {}), check, {"subject": subject, "release": release, "check": check})
-                   for check in columns] + ([_bench_cell(sections.bench_cell(data, subject, release))] if bench else [])
+            tds = [_cell(cs.get(check, {}), check, {"subject": subject, "release": release, "check": check},
+                         _spark(history.series(data, subject, release, check))) for check in columns]
+            tds += [_bench_cell(sections.bench_cell(data, subject, release))] if bench else []
             out.append(f'<tr><td class="rel">{_h(release)}</td><td class="src">'
                        f"{_h(sections.source(data, subject, release))}</td>" + "".join(tds) + "</tr>")
         out.append("</table>")

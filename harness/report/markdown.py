@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.report import cells, fold, sections
+from harness.report import cells, fold, history, sections
 from harness.report.cells import MARKS, Mark
 
 
@@ -18,6 +18,12 @@ def md_cell(counts: dict[str, int]) -> str:
         return "·"
     face = f"**{c.face}**" if c.red else c.face
     return " ".join([face, *(_md_mark(m, n) for m, n in c.beside)])
+
+
+def _md_change(data: dict, subject: str, release: str, check: str) -> str:
+    """A cell's last change over the earlier reports, in brackets after it ("" when it has none)."""
+    said = history.last_change(data, subject, release, check)
+    return f" ({said})" if said else ""
 
 
 def _md_bench_cell(b: sections.Bench | None) -> str:
@@ -117,6 +123,8 @@ def report_md(data: dict) -> str:
             lines.append(f"- +{len(kinds) - sections.FIRST_GROUPS} more kinds of new finding: under Details")
     for s in sections.lone_failure_sections(data):
         lines += _md_section(s, "##")
+    if pins := sections.pins(data):
+        lines += ["", f"## {sections.PINS_TITLE}", "", *(f"- {p}" for p in pins)]
     lines += ["", "## Where: release × check", "", sections.LEGEND + " " + " · ".join(
         f"{_md_mark(m)} {m.name} ({m.meaning})" for m in MARKS) + "."]
     lines += ["", sections.BENCH_LEGEND] if data["performance"] else []
@@ -128,7 +136,8 @@ def report_md(data: dict) -> str:
         for release in releases:
             cs = data["checks"].get(subject, {}).get(release, {})
             lines.append(f"| {release} | {sections.source(data, subject, release)} | "
-                         + " | ".join([*(md_cell(cs.get(check, {})) for check in cols),
+                         + " | ".join([*(md_cell(cs.get(check, {})) + _md_change(data, subject, release, check)
+                                         for check in cols),
                                        *([md_bench(data, subject, release)] if bench else [])]) + " |")
         lines += _md_dtypes(data, subject)
     lines += _md_bench(data)

@@ -10,6 +10,7 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from harness.build import Build
 from harness.matrix import version_key
 from harness.report import cells, lone_failures
 from harness.report.cells import Mark, says
@@ -229,17 +230,37 @@ def runs_table(data: dict) -> list[list[str]]:
 
 
 def source(data: dict, subject: str, release: str) -> str:
-    """How the release's contracts were read for a subject's lines, and which run they come from (and when it ran);
+    """How the release's contracts were read for a subject's lines, from which vLLM build (harness.build: the
+    installed one, or the one the recording was probed from), and which run they come from (and when it ran);
     lines of several runs say so, with each run's count. Only benched there: its performance lines' sources
     (`replay (bench)`)."""
     o = data["origins"].get(subject, {}).get(release)
     if o is None:
         bench = data["performance"].get(subject, {}).get(release)
         return f"{'/'.join(bench['sources'])} (bench)" if bench else "·"
+    how = "/".join(o["sources"]) + "".join(f" of {Build(**b)}" for b in o.get("builds", []))
     if len(o["runs"]) == 1:
-        return f"{'/'.join(o['sources'])}, run {o['runs'][0]['run']} at {o['runs'][0]['time']}"
-    return f"{'/'.join(o['sources'])}, lines from {len(o['runs'])} runs: " + ", ".join(
+        return f"{how}, run {o['runs'][0]['run']} at {o['runs'][0]['time']}"
+    return f"{how}, lines from {len(o['runs'])} runs: " + ", ".join(
         f"run {r['run']} at {r['time']} ({count(r['lines'], 'line')})" for r in o["runs"])
+
+
+PINS_TITLE = "Last build that passed (a pin to copy)"
+
+
+def pins(data: dict) -> list[str]:
+    """Per subject: the newest release whose lines last passed, with its pin and build; then each release that does
+    not pass now but did in an earlier report, with the build that passed there."""
+    out, folded = [], {r["run"] for r in data["runs"]}
+    for subject, by in data["last_passed"].items():
+        if now := [rel for rel, p in by.items() if p["run"] in folded]:
+            p = by[now[-1]]
+            out.append(f"{subject}: newest passing release {now[-1]}: `{p['pin']}` ({Build(**p['build'])}, run "
+                       f"{p['run']} at {p['when']})")
+        out += [f"{subject}: {rel} not passing in this report (red, or not checked); last passed on "
+                f"{Build(**p['build'])} (`{p['pin']}`, run {p['run']} at {p['when']})"
+                for rel, p in by.items() if p["run"] not in folded]
+    return out
 
 
 def columns(data: dict, subject: str) -> list[str]:

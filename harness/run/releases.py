@@ -7,7 +7,8 @@ import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import fixtures, matrix
+from harness import build, fixtures, matrix
+from harness.build import Build
 from harness.contract import Contract, ContractError
 from harness.drift import drift
 from harness.fixtures import Recording
@@ -26,6 +27,7 @@ class ReleaseContracts:
     unmodelled: dict[str, list[str]] = field(default_factory=dict, compare=False)  # fixtures.unmodelled
     recording: Recording | None = field(default=None, compare=False, repr=False)  # replay: the stand-ins' source
     allocations: dict | None = field(default=None, compare=False, repr=False)  # the whole-model allocation record
+    build: Build | None = None  # the vLLM build its contracts came from: the installed one, or the recording's
 
     def describe(self) -> str:
         """How the contracts were read, and their distinct geometries by family, with the backends that hand them
@@ -57,22 +59,24 @@ def load_release(release: str, contracts_dir: Path) -> ReleaseContracts:
             recording = fixtures.load(release, contracts_dir)
             return ReleaseContracts(release, "replay", recording.contracts, recording=recording,
                                     unmodelled=fixtures.unmodelled(recording),
-                                    allocations=recording.observations.get("allocations"))
+                                    allocations=recording.observations.get("allocations"),
+                                    build=build.recorded(recording.observations, release))
         except ContractError as e:
             return ReleaseContracts(release, "replay", (), str(e))
+    here = build.installed()
     try:
         live = probe()
     except ProbeError as e:
-        return ReleaseContracts(release, "live", (), str(e))
+        return ReleaseContracts(release, "live", (), str(e), build=here)
     if release != "main" and live.release != release:
-        return ReleaseContracts(release, "live", (), f"the installed vLLM is {live.release}, not {release}")
+        return ReleaseContracts(release, "live", (), f"the installed vLLM is {live.release}, not {release}", build=here)
     unmodelled = fixtures.unmodelled(live)
     if release not in fixtures.releases(contracts_dir):
         return ReleaseContracts(release, "live", live.contracts, drift=(f"no recording of {release} to compare",),
-                                unmodelled=unmodelled, allocations=live.observations.get("allocations"))
+                                unmodelled=unmodelled, allocations=live.observations.get("allocations"), build=here)
     return ReleaseContracts(release, "live", live.contracts, unmodelled=unmodelled,
                             drift=tuple(drift(fixtures.load(release, contracts_dir), live)),
-                            allocations=live.observations.get("allocations"))
+                            allocations=live.observations.get("allocations"), build=here)
 
 
 def releases_asked(asked: list[str], contracts_dir: Path) -> list[str]:

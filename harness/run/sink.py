@@ -40,7 +40,8 @@ class Sink:
               **fields) -> None:
         """Record one result line of release `r`: where every line of a run is built."""
         line = results.stamped(results.Result(
-            run=self.run, release=r.release, source=r.source, subject=self.subject_name, geometry=geometry,
+            run=self.run, release=r.release, source=r.source, build=r.build, subject=self.subject_name,
+            geometry=geometry,
             check=check, sparsity=sparsity, outcome=word, diagnosis=diagnosis, **fields))
         with self._lock:
             self._pending.append(line)
@@ -124,7 +125,8 @@ class Sink:
             else:
                 word, said = Word.UNEXERCISED, f"not exercised, none of its examples ran: {instead(f, examples, rows, r)}"
             results.append(self.results_dir, results.Result(
-                run=self.run, release=r.release, source=r.source, subject=self.subject_name, geometry=f.geometry,
+                run=self.run, release=r.release, source=r.source, build=r.build, subject=self.subject_name,
+                geometry=f.geometry,
                 check=f.check, sparsity=f.sparsity, outcome=word, known=f.id,
                 diagnosis=f"known finding {f.id} ({f.outcome}: {f.reason}) {said}"))
 

@@ -1,0 +1,79 @@
+"""Each release × check cell across reports, and the last build that passed.
+
+A report keeps, as `history`, the release × check cells (passed, total, red) of the earlier reports it was given
+(`--since`, oldest first) and of the history each of those kept, up to KEPT reports: a nightly chain that passes only
+the previous report still accumulates. A point is one report; two reports folded from the same runs are one point.
+
+`last_passed`: per subject and release, the build of the newest lines that passed there (no new finding, something
+passed), else what the newest earlier report said: the pin a consumer can copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from harness.matrix import version_key
+from harness.report import cells
+
+KEPT = 30  # earlier reports a report keeps
+
+
+def point(data: dict, label: str) -> dict:
+    """One report as a history point: when its newest line was written, its runs, verdict and cells."""
+    return {"report": label, "when": max((r["last"] for r in data["runs"]), default=""),
+            "runs": [r["run"] for r in data["runs"]], "verdict": data["verdict"],
+            "cells": {s: {rel: {check: _face(counts) for check, counts in cs.items()} for rel, cs in by.items()}
+                      for s, by in data["checks"].items()}}
+
+
+def history(earlier: list[tuple[str, dict]]) -> list[dict]:
+    """The points of earlier reports (label, report.json as loaded), oldest first: each one's own history, then it."""
+    points: dict[tuple[str, ...], dict] = {}
+    for label, data in earlier:
+        for p in [*data.get("history", []), point(data, label)]:
+            points[tuple(p["runs"])] = p
+    return sorted(points.values(), key=lambda p: p["when"])[-KEPT:]
+
+
+def series(data: dict, subject: str, release: str, check: str) -> list[tuple[str, list | None]]:
+    """A cell over the history and now: (when, [passed, total, red] or None where that report had no such cell)."""
+    now = data["checks"].get(subject, {}).get(release, {}).get(check)
+    return [*((p["when"], p["cells"].get(subject, {}).get(release, {}).get(check)) for p in data.get("history", [])),
+            (max((r["last"] for r in data["runs"]), default=""), _face(now) if now else None)]
+
+
+def last_change(data: dict, subject: str, release: str, check: str) -> str:
+    """`was 12/15 on 2026-12-01` for the newest earlier point whose cell differs from now ("" when none does)."""
+    *before, (_, now) = series(data, subject, release, check)
+    for when, cell in reversed(before):
+        if cell != now:
+            was = "absent" if cell is None else f"{cell[0]:,}/{cell[1]:,}" + (" red" if cell[2] else "")
+            return f"was {was} on {when[:10] or 'a date not recorded'}"
+    return ""
+
+
+def last_passed(data: dict, rows: list, before: dict | None) -> dict:
+    """Per subject and release, the build that last passed there: {build, pin, run, when}. `rows`: this report's
+    result lines; `before`: the newest earlier report.json (its `last_passed` carries over where nothing passes
+    now)."""
+    out: dict[str, dict[str, dict]] = {s: dict(by) for s, by in (before or {}).get("last_passed", {}).items()}
+    for subject, by in data["checks"].items():
+        for release, cs in by.items():
+            merged: dict[str, int] = {}
+            for counts in cs.values():
+                for w, n in counts.items():
+                    merged[w] = merged.get(w, 0) + n
+            c = cells.cell(merged)
+            mine = [r for r in rows if r.subject == subject and r.release == release and r.build]
+            if c is None or c.red or not c.passed or not mine:
+                continue
+            newest = max(mine, key=lambda r: r.time)
+            out.setdefault(subject, {})[release] = {"build": asdict(newest.build), "pin": newest.build.pin,
+                                                    "run": newest.run, "when": newest.time}
+    return {s: dict(sorted(by.items(), key=lambda kv: version_key(kv[0]))) for s, by in sorted(out.items())}
+
+
+def _face(counts: dict[str, int]) -> list:
+    c = cells.cell(counts)
+    return [c.passed, c.total, c.red]
+
