@@ -8,6 +8,7 @@
     nox -s probe -- 0.32.0 0.33.0 [--check]       record (or check for drift) contracts of chosen releases
     nox -s nightly                                vLLM main from matrix.toml's [nightly] index (or KVCONFORM_NIGHTLY_INDEX)
     nox -s report                                 fold results/ into report.md, .html, .json (installs nothing)
+    nox -s bisect -- GOOD BAD [--commits FILE]    the first release (or main commit) where a check turns red
     nox -s bench                                  the performance lane: paged / dense per geometry (CUDA)
     nox -s bench_suites | mutants
 
@@ -102,7 +103,7 @@ def _conformance(session: nox.Session, release: matrix.Release, *extra: str) -> 
         _install_vllm(session, release, *extra)
         junit = ROOT / "results" / release.name / "junit.xml"
         session.run("pytest", "conformance", "--kvconform-release", release.name, f"--junitxml={junit}", *args,
-                    env={build.INDEX_ENV: _index(release)})
+                    env={build.INDEX_ENV: matrix.vllm_index(release)})
 
 
 @nox.session(tags=["matrix"])
@@ -179,7 +180,7 @@ def probe(session: nox.Session) -> None:
                      "pins": list(r.pins)}
             cmd = [str(venv / "bin" / "python"), "-m", "harness.probe", "--release", name, "--install", json.dumps(facts)]
             session.run(*cmd, *(["--check"] if check else []),
-                        env={"PYTHONPATH": str(ROOT), build.INDEX_ENV: _index(r)})
+                        env={"PYTHONPATH": str(ROOT), build.INDEX_ENV: matrix.vllm_index(r)})
         except nox.command.CommandFailed as e:
             failures.append(f"{name} ({e.reason or 'failed'})")
         finally:
@@ -220,11 +221,6 @@ def api(session: nox.Session) -> None:
             _remove(session, venv)
     if failures:
         session.error(f"the recorded layout API differs from or could not be checked against: {', '.join(failures)}")
-
-
-def _index(r: matrix.Release) -> str:
-    """Where the session's vLLM came from, for the build its result lines and recordings name."""
-    return build.index_of(matrix.nightly_index() if r.nightly else None)
 
 
 def _listed(session: nox.Session, names: list[str]) -> None:
@@ -273,6 +269,15 @@ def report(session: nox.Session) -> None:
     args = list(session.posargs)
     folder = args.pop(0) if args and not args[0].startswith("-") else "results"
     session.run(sys.executable, "-m", "harness.report", folder, *args, env={"PYTHONPATH": str(ROOT)}, external=True)
+
+
+@nox.session(venv_backend="none")
+def bisect(session: nox.Session) -> None:
+    """The first vLLM build where a check turns red for a subject (`nox -s bisect -- GOOD BAD [--commits FILE]
+    [--index WHERE] [pytest options]`: harness.bisect): a binary search over matrix.toml's releases from GOOD to
+    BAD, or over vLLM main's per-commit wheels, each build tried live in a fresh venv that is removed after it."""
+    # Run from the repository root (nox's working directory), which `python -m` puts on sys.path for harness.
+    session.run(sys.executable, "-m", "harness.bisect", *session.posargs, external=True)
 
 
 @nox.session

@@ -2,7 +2,8 @@
 
 `python -m harness.matrix --json [--default]` prints the release names as a JSON list (a CI job matrix);
 `python -m harness.matrix --newest` the newest PyPI release (what CI probes live); `python -m harness.matrix
---pythons` each release's python range and the interpreter on PATH its sessions would use.
+--pythons` each release's python range and the interpreter on PATH its sessions would use; `--requirements NAME` what
+installs a release (one argument a line), `--index NAME` where its vLLM comes from.
 
 Interpreters: a release's sessions run on the newest python found on PATH within its range (see `interpreters`).
 """
@@ -25,6 +26,8 @@ try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
+
+from harness import build
 
 if TYPE_CHECKING:
     from packaging.specifiers import SpecifierSet
@@ -235,6 +238,18 @@ def nightly_index(path: Path = PATH) -> str:
     return os.environ.get("KVCONFORM_NIGHTLY_INDEX") or _data(path)["nightly"]["index"]
 
 
+def commit_wheels(path: Path = PATH) -> str:
+    """Where vLLM main's per-commit wheels are (`<it>/<full commit>` is one commit's index, or folder of wheels):
+    KVCONFORM_COMMIT_WHEELS, else matrix.toml's [nightly] commits."""
+    return os.environ.get("KVCONFORM_COMMIT_WHEELS") or _data(path)["nightly"]["commits"]
+
+
+def vllm_index(r: Release) -> str:
+    """Where release `r`'s vLLM is installed from: the nightly index for main, else uv's default index (the index
+    its result lines name, harness.build)."""
+    return build.index_of(nightly_index() if r.nightly else None)
+
+
 def install_args(index: str) -> list[str]:
     """uv pip install options that take `main` from `index`: a URL is an extra index (searched first), a local
     directory of wheels a find-links source (a stand-in for the nightly index); nightlies are pre-releases."""
@@ -248,6 +263,11 @@ def main(argv: list[str]) -> int:
     what.add_argument("--json", action="store_true", help="print release names as a JSON list")
     what.add_argument("--newest", action="store_true", help="print the newest PyPI release (CI probes it live)")
     what.add_argument("--pythons", action="store_true", help="print each release's python range and interpreter")
+    what.add_argument("--requirements", metavar="NAME",
+                      help="print what `uv pip install` needs for release NAME, one argument a line: its requirements "
+                           "(vLLM and pins; main adds its nightly index options)")
+    what.add_argument("--index", metavar="NAME", help="print where release NAME's vLLM is installed from (the "
+                                                      "index its result lines name: harness.build)")
     ap.add_argument("--default", action="store_true", help="with --json: only the default subset")
     args = ap.parse_args(argv)
     if args.newest:
@@ -257,6 +277,15 @@ def main(argv: list[str]) -> int:
         for r in load():
             print(f"{r.name}: python {r.python} -> {r.interpreter(found) or 'none'}")
         print(found.describe())
+    elif args.requirements or args.index:
+        try:
+            release = get(args.requirements or args.index)
+        except UnknownRelease as e:
+            ap.error(str(e))
+        if args.index:
+            print(vllm_index(release))
+        else:
+            print(*release.requirements, *(install_args(nightly_index()) if release.nightly else []), sep="\n")
     else:
         print(json.dumps([r.name for r in (default() if args.default else load())]))
     return 0

@@ -11,10 +11,10 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from envs import one_build_at_a_time, venv_seeing_these_packages
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,13 +24,10 @@ def host(tmp_path_factory):
     """A throwaway project and a venv (this one's packages, kvconform not among them) with kvconform installed from
     the checkout, non-editable."""
     root = tmp_path_factory.mktemp("host")
-    subprocess.run([sys.executable, "-m", "venv", str(root / "env")], check=True)
-    # This interpreter's site-packages as plain path entries: a venv made from a venv's python with
-    # --system-site-packages would see the base interpreter's instead.
-    site = next((root / "env" / "lib").glob("python*/site-packages"))
-    (site / "parent.pth").write_text("".join(f"{p}\n" for p in sys.path if p.endswith("site-packages")))
-    subprocess.run([str(root / "env" / "bin" / "python"), "-m", "pip", "install", "-q",
-                    "--disable-pip-version-check", str(REPO)], check=True, capture_output=True)
+    venv_seeing_these_packages(root / "env")
+    with one_build_at_a_time(tmp_path_factory):
+        subprocess.run([str(root / "env" / "bin" / "python"), "-m", "pip", "install", "-q",
+                        "--disable-pip-version-check", str(REPO)], check=True, capture_output=True)
     (root / "project").mkdir()
     return root
 

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from urllib.parse import unquote
 
+from envs import one_build_at_a_time, venv_seeing_these_packages
+
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -105,18 +107,18 @@ def _indented_blocks(text: str) -> list[list[str]]:
     return commands
 
 
-def test_the_consumer_example_passes_in_a_throwaway_project_as_the_readme_says(tmp_path):
-    # An environment with torch (this one's, seen through --system-site-packages), kvconform not in it: the README's
-    # lines install kvconform from the checkout, non-editable, and run the suites from the throwaway project.
-    env_dir = tmp_path / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(env_dir)], check=True)
+def test_the_consumer_example_passes_in_a_throwaway_project_as_the_readme_says(tmp_path, tmp_path_factory):
+    # An environment with torch (this one's packages), kvconform not in it: the README's lines install kvconform
+    # from the checkout, non-editable, and run the suites from the throwaway project.
+    env_dir = venv_seeing_these_packages(tmp_path / "env")
     project = tmp_path / "project"
     project.mkdir()
     lines = _indented_blocks(_plugin_section())[0]
     script = "\n".join(["set -euo pipefail", f". {shlex.quote(str(env_dir / 'bin' / 'activate'))}", *lines,
                          "python -c 'import kvconform; print(\"KVCONFORM AT\", kvconform.__file__)'"])
-    done = subprocess.run(["bash", "-c", script], cwd=project, capture_output=True, text=True, timeout=1800,
-                          env={**os.environ, "KVCONFORM": str(REPO), "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    with one_build_at_a_time(tmp_path_factory):  # its `pip install "$KVCONFORM"` builds in the checkout
+        done = subprocess.run(["bash", "-c", script], cwd=project, capture_output=True, text=True, timeout=1800,
+                              env={**os.environ, "KVCONFORM": str(REPO), "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     installed = re.search(r"^KVCONFORM AT (\S+)$", out, re.M).group(1)
