@@ -1,11 +1,13 @@
-"""A venv that sees this interpreter's packages (torch, pytest, ...) but none installed into it yet: what the tests
-that install kvconform non-editable into a throwaway environment start from."""
+"""What tests that install into throwaway environments start from: a venv that sees this interpreter's packages
+(torch, pytest, ...) but none installed into it yet, one in-tree build of the checkout at a time, and fake vLLM
+wheels (a stand-in for an index)."""
 
 import contextlib
 import fcntl
 import os
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,3 +32,22 @@ def one_build_at_a_time(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
     with open(shared / "kvconform-build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def fake_vllm_wheel(where: Path, version: str, files: dict[str, str] | None = None) -> Path:
+    """A pure-Python `vllm` wheel of `version` in `where`, holding `vllm/__init__.py` (its version) and `files`
+    (path in the wheel -> text)."""
+    where.mkdir(parents=True, exist_ok=True)
+    dist = f"vllm-{version}.dist-info"
+    whl = where / f"vllm-{version}-py3-none-any.whl"
+    files = {
+        "vllm/__init__.py": f'__version__ = "{version}"\n',
+        **(files or {}),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: kvconform-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(whl, "w") as z:
+        for name, text in {**files, f"{dist}/RECORD": record}.items():
+            z.writestr(name, text)
+    return whl

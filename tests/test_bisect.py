@@ -11,11 +11,11 @@ import math
 import platform
 import shutil
 import sys
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from envs import fake_vllm_wheel
 
 from harness import bisect as b
 from harness import matrix
@@ -274,20 +274,9 @@ def test_summary_says_the_first_red_the_tried_and_the_skipped():
 def _fake_wheel(where: Path, version: str, commit: str, broken: bool) -> Path:
     """A `vllm` wheel of `version` whose package says its commit (vllm/_version.py, as vLLM's builds do) and carries
     the marker `BROKEN`, which the test file run in its venv reads."""
-    where.mkdir(parents=True, exist_ok=True)
-    dist = f"vllm-{version}.dist-info"
-    whl = where / f"vllm-{version}-py3-none-any.whl"
-    files = {
+    return fake_vllm_wheel(where, version, {
         "vllm/__init__.py": f'__version__ = "{version}"\nBROKEN = {broken}\n',
-        "vllm/_version.py": f'commit_id = "{commit}"\n',
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n",
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: kvconform-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = "".join(f"{name},,\n" for name in files) + f"{dist}/RECORD,,\n"
-    with zipfile.ZipFile(whl, "w") as z:
-        for name, text in {**files, f"{dist}/RECORD": record}.items():
-            z.writestr(name, text)
-    return whl
+        "vllm/_version.py": f'commit_id = "{commit}"\n'})
 
 
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is the installer the bisect session uses")

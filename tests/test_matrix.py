@@ -9,10 +9,10 @@ import re
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
+from envs import fake_vllm_wheel
 
 from harness import matrix
 
@@ -76,26 +76,11 @@ def test_nightly_index_is_one_setting(monkeypatch, tmp_path):
     assert matrix.install_args(matrix.nightly_index()) == ["--prerelease=allow", "--find-links", str(tmp_path)]
 
 
-def _fake_wheel(where: Path, version: str) -> Path:
-    dist = f"vllm-{version}.dist-info"
-    whl = where / f"vllm-{version}-py3-none-any.whl"
-    files = {
-        "vllm/__init__.py": f'__version__ = "{version}"\n',
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n",
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: kvconform-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = "".join(f"{name},,\n" for name in files) + f"{dist}/RECORD,,\n"
-    with zipfile.ZipFile(whl, "w") as z:
-        for name, text in {**files, f"{dist}/RECORD": record}.items():
-            z.writestr(name, text)
-    return whl
-
-
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is the installer the nox sessions use")
 def test_main_installs_from_a_local_directory_standing_in_for_the_nightly_index(tmp_path, monkeypatch):
     wheels = tmp_path / "nightly"
     wheels.mkdir()
-    _fake_wheel(wheels, "99.0.0.dev20261129")
+    fake_vllm_wheel(wheels, "99.0.0.dev20261129")
     monkeypatch.setenv("KVCONFORM_NIGHTLY_INDEX", str(wheels))
     venv = tmp_path / "venv"
     subprocess.run(["uv", "venv", "-q", "--python", sys.executable, str(venv)], check=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_workflow import lint
+from test_workflow import lint, lint_broken
 
 from harness import matrix, results, workflow
 from harness.results import Result
@@ -37,11 +37,7 @@ def test_reusable_workflow_passes_actionlint():
     ("steps.plan.outputs.releases", "steps.planned.outputs.releases", "planned"),  # a step id that does not exist
 ])
 def test_actionlint_fails_on_a_broken_reusable_workflow(tmp_path, old, new, message):
-    text = REUSABLE.read_text()
-    assert old in text, f"the mutation no longer applies to the workflow: {old!r}"
-    broken = tmp_path / "kvconform.yml"
-    broken.write_text(text.replace(old, new, 1))
-    done = lint(broken)
+    done = lint_broken(REUSABLE, old, new, tmp_path)
     assert done.returncode != 0 and message in done.stdout, done.stdout
 
 

@@ -44,13 +44,17 @@ def test_workflow_passes_actionlint():
      "          python-version: \"3.11\"\n      - id: matrix", ""),
 ])
 def test_actionlint_fails_on_a_broken_workflow(tmp_path, old, new, message):
-    text = WORKFLOW.read_text()
-    assert old in text, f"the mutation no longer applies to the workflow: {old!r}"
-    broken = tmp_path / "conformance.yml"
+    done = lint_broken(WORKFLOW, old, new, tmp_path)
+    assert done.returncode != 0 and message in done.stdout, done.stdout
+
+
+def lint_broken(workflow: Path, old: str, new: str, where: Path) -> subprocess.CompletedProcess:
+    """actionlint over a copy of `workflow` (in `where`) with its first `old` made `new`."""
+    text = workflow.read_text()
+    assert old in text, f"the mutation no longer applies to {workflow.name}: {old!r}"
+    broken = where / workflow.name
     broken.write_text(text.replace(old, new, 1))
-    done = lint(broken)
-    assert done.returncode != 0
-    assert message in done.stdout
+    return lint(broken)
 
 
 def jobs(text: str) -> dict[str, str]:
