@@ -117,7 +117,7 @@ def conformance(session: nox.Session, release: str) -> None:
 @nox.session(python=_python(matrix.get("main")))
 def nightly(session: nox.Session) -> None:
     """vLLM main from the nightly index: conformance, and the live probe's drift check against main.json."""
-    _conformance(session, matrix.get("main"), *matrix.install_args(matrix.nightly_index()))
+    _conformance(session, matrix.get("main"), *matrix.index_args(matrix.get("main")))
 
 
 @nox.session
@@ -169,7 +169,7 @@ def probe(session: nox.Session) -> None:
             failures.append(f"{name} (install-error: no python in {r.python})")
             continue
         venv, cache = base / f"probe-{name}", base / f"cache-{name}"
-        extra = matrix.install_args(matrix.nightly_index()) if r.nightly else []
+        extra = matrix.index_args(r)
         try:
             _remove(session, cache)
             cold = _timed_install(session, r, python, venv, cache, extra)
@@ -209,7 +209,7 @@ def api(session: nox.Session) -> None:
             failures.append(f"{name} (no python in {r.python})")
             continue
         venv = base / f"api-{name}"
-        extra = matrix.install_args(matrix.nightly_index()) if r.nightly else []
+        extra = matrix.index_args(r)
         try:
             _timed_install(session, r, python, venv, None, [*extra, "-e", f"{ROOT}[test]"])
             session.log(f"vllm {name}: the stand-ins built from fixtures/contracts/{name}.json against the release")

@@ -141,7 +141,7 @@ def release_candidates(good: str, bad: str, found: matrix.Interpreters, path: Pa
         raise ValueError(f"GOOD {good} must come before BAD {bad} in {path}'s release order")
     python = {r.name: r.interpreter(found) for r in releases[i:j + 1]}
     return [Candidate(r.name, r.name, r.requirements, python[r.name].executable if python[r.name] else "", r.python,
-                      build.index_of(None)) for r in releases[i:j + 1]]
+                      matrix.vllm_index(r)) for r in releases[i:j + 1]]
 
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")

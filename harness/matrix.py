@@ -250,6 +250,11 @@ def vllm_index(r: Release) -> str:
     return build.index_of(nightly_index() if r.nightly else None)
 
 
+def index_args(r: Release) -> list[str]:
+    """The uv pip install options release `r` needs beyond its requirements: the nightly index's for main."""
+    return install_args(nightly_index()) if r.nightly else []
+
+
 def install_args(index: str) -> list[str]:
     """uv pip install options that take `main` from `index`: a URL is an extra index (searched first), a local
     directory of wheels a find-links source (a stand-in for the nightly index); nightlies are pre-releases."""
@@ -285,7 +290,7 @@ def main(argv: list[str]) -> int:
         if args.index:
             print(vllm_index(release))
         else:
-            print(*release.requirements, *(install_args(nightly_index()) if release.nightly else []), sep="\n")
+            print(*release.requirements, *index_args(release), sep="\n")
     else:
         print(json.dumps([r.name for r in (default() if args.default else load())]))
     return 0

@@ -14,13 +14,14 @@ from dataclasses import asdict
 
 from harness.matrix import version_key
 from harness.report import cells
+from harness.results import Result
 
 KEPT = 30  # earlier reports a report keeps
 
 
 def point(data: dict, label: str) -> dict:
     """One report as a history point: when its newest line was written, its runs, verdict and cells."""
-    return {"report": label, "when": max((r["last"] for r in data["runs"]), default=""),
+    return {"report": label, "when": _when(data),
             "runs": [r["run"] for r in data["runs"]], "verdict": data["verdict"],
             "cells": {s: {rel: {check: _face(counts) for check, counts in cs.items()} for rel, cs in by.items()}
                       for s, by in data["checks"].items()}}
@@ -39,7 +40,7 @@ def series(data: dict, subject: str, release: str, check: str) -> list[tuple[str
     """A cell over the history and now: (when, [passed, total, red] or None where that report had no such cell)."""
     now = data["checks"].get(subject, {}).get(release, {}).get(check)
     return [*((p["when"], p["cells"].get(subject, {}).get(release, {}).get(check)) for p in data.get("history", [])),
-            (max((r["last"] for r in data["runs"]), default=""), _face(now) if now else None)]
+            (_when(data), _face(now) if now else None)]
 
 
 def last_change(data: dict, subject: str, release: str, check: str) -> str:
@@ -52,11 +53,16 @@ def last_change(data: dict, subject: str, release: str, check: str) -> str:
     return ""
 
 
-def last_passed(data: dict, rows: list, before: dict | None) -> dict:
+def last_passed(data: dict, rows: list[Result], before: dict | None) -> dict:
     """Per subject and release, the build that last passed there: {build, pin, run, when}. `rows`: this report's
     result lines; `before`: the newest earlier report.json (its `last_passed` carries over where nothing passes
     now)."""
     out: dict[str, dict[str, dict]] = {s: dict(by) for s, by in (before or {}).get("last_passed", {}).items()}
+    newest: dict[tuple[str, str], Result] = {}  # (subject, release) -> its newest line that names a build
+    for r in rows:
+        key = (r.subject, r.release)
+        if r.build and (key not in newest or r.time > newest[key].time):
+            newest[key] = r
     for subject, by in data["checks"].items():
         for release, cs in by.items():
             merged: dict[str, int] = {}
@@ -64,13 +70,17 @@ def last_passed(data: dict, rows: list, before: dict | None) -> dict:
                 for w, n in counts.items():
                     merged[w] = merged.get(w, 0) + n
             c = cells.cell(merged)
-            mine = [r for r in rows if r.subject == subject and r.release == release and r.build]
-            if c is None or c.red or not c.passed or not mine:
+            line = newest.get((subject, release))
+            if c is None or c.red or not c.passed or line is None:
                 continue
-            newest = max(mine, key=lambda r: r.time)
-            out.setdefault(subject, {})[release] = {"build": asdict(newest.build), "pin": newest.build.pin,
-                                                    "run": newest.run, "when": newest.time}
+            out.setdefault(subject, {})[release] = {"build": asdict(line.build), "pin": line.build.pin,
+                                                    "run": line.run, "when": line.time}
     return {s: dict(sorted(by.items(), key=lambda kv: version_key(kv[0]))) for s, by in sorted(out.items())}
+
+
+def _when(data: dict) -> str:
+    """When a report's newest line was written ("" when none says)."""
+    return max((r["last"] for r in data["runs"]), default="")
 
 
 def _face(counts: dict[str, int]) -> list:
