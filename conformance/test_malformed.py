@@ -1,12 +1,14 @@
 """A malformed kv_cache given to the subject's split is refused: the split raises an exception, of any type, whose
 message names the tensor's full shape, spelled as a tuple `(2, 3, 16, 2, 64)`, a `torch.Size([2, 3, 16, 2, 64])` or
 a list `[2, 3, 16, 2, 64]`; kvconform's own ContractError names the expected contract too. A split that returns, or
-raises naming no shape, accepted it."""
+raises naming no shape, accepted it. An example is malformed in every way that shows at its sizes (a stored
+regression in the one way it was found); what an example costs is drawing it, and each way is one more call."""
 
 from harness import checks
 from harness.contract import ContractError, views
 from harness.layer import in_force
 from harness.results import Word
+from harness.strategies import MALFORMATIONS
 from harness.run.trial import Outcome
 
 CHECK = checks.REJECTS_MALFORMED  # its declaration: what it needs, costs and draws
@@ -48,10 +50,17 @@ def names_shape(message: str, shape: tuple[int, ...]) -> bool:
 
 
 def check(t):
-    ex, mutation = t.example, t.extra
-    if not applicable(ex, mutation):
-        mutation = "extra-axis"
-    bad = malform(t.allocate(), ex.contract, mutation)
+    kv_cache = t.allocate()  # each malformation makes its own tensor of it, a view or a copy
+    for mutation in [t.extra] if t.extra else [m for m in MALFORMATIONS if applicable(t.example, m)]:
+        outcome = refused(t, kv_cache, mutation if applicable(t.example, mutation) else "extra-axis")
+        if not outcome.word.passing:
+            return outcome
+    return Outcome(Word.REJECTED)
+
+
+def refused(t, kv_cache, mutation):
+    ex = t.example
+    bad = malform(kv_cache, ex.contract, mutation)
     shape = tuple(bad.shape)
     try:
         with in_force(t.layer):

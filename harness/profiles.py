@@ -1,13 +1,15 @@
 """kvconform's hypothesis profiles, registered under prefixed names (profile names are global to a process, so
 they must not collide with a host project's): kvconform-dev, kvconform-ci, kvconform-find, kvconform-gpu,
-kvconform-nightly.
+kvconform-nightly, kvconform-generated.
 
 Examples per (release, geometry, check). ci: the CPU interpreter, every recorded release within CI's budget (see
 docs/suites.md for the measured cost); find: ci's examples without the shrink phase, so that an item stops at its
 first failing example (a wrong subject over the whole matrix in minutes; the item's shrunk example is one rerun
-under ci away); gpu: one H200, >= 2,000 examples per release; nightly: more. No deadline in any: an example's time
-is never a verdict (a first compile, a cold cache or a loaded host slows one down with nothing wrong); a hang ends
-at the per-item limit instead (harness.limits, --kvconform-timeout).
+under ci away); generated: find without the explicit examples, so that what the generated examples alone catch is
+counted (benchmarks/kill_power.py; the explicit examples catch most planted bugs by themselves); gpu: one H200, >=
+2,000 examples per release; nightly: more. No deadline in any: an example's time is never a verdict (a first
+compile, a cold cache or a loaded host slows one down with nothing wrong); a hang ends at the per-item limit instead
+(harness.limits, --kvconform-timeout).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ PROFILES = {
                  phases=(Phase.explicit, Phase.reuse, Phase.generate)),
     "gpu": dict(max_examples=60, deadline=None, database=None),
     "nightly": dict(max_examples=300, deadline=None, database=None),
+    "generated": dict(max_examples=8, deadline=None, database=None, derandomize=True, phases=(Phase.generate,)),
 }
 
 
@@ -62,6 +65,11 @@ def check_named(profile: str) -> None:
 def shrinks() -> bool:
     """The loaded profile shrinks a failing example (kvconform-find does not)."""
     return Phase.shrink in settings.default.phases
+
+
+def explicit() -> bool:
+    """The loaded profile runs the explicit examples (kvconform-generated does not)."""
+    return Phase.explicit in settings.default.phases
 
 
 def name(short: str) -> str:

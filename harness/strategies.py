@@ -240,12 +240,8 @@ def warmup_shards(sizes: Sizes) -> list[list[Case]]:
     return shards
 
 
+# The ways to malform a release's kv_cache (conformance/test_malformed.py says what each does).
 MALFORMATIONS = ("extra-axis", "bad-kv-or-c-size", "strided-innermost", "ignored-physical-order", "swapped-n-h")
-
-
-def malformations() -> st.SearchStrategy[str]:
-    """A way to malform a release's kv_cache (conformance/test_malformed.py says what each does)."""
-    return _sampled(MALFORMATIONS)
 
 
 @cache
@@ -360,6 +356,36 @@ def examples(draw, contracts: list[Contract], sizes: Sizes, case: st.SearchStrat
     )
 
 
+@st.composite
+def placements(draw, contracts: list[Contract], sizes: Sizes) -> Example:
+    """An example for a check that looks at a release's kv_cache and the layer handed with it, not at tokens in it
+    (split-agrees, rejects-malformed): what they are made of, the cache's sizes and dtype (one draw), its layers and
+    its pages (1 up to what a batch of `sizes` can need, 2 and 3 as often again), and nothing else: the batch is one
+    token of MHA, since its lengths, heads ratio, sparsity, contents and page order reach neither the views nor the
+    layer. What `examples` reaches of these, it reaches too; an example shrinks to the one `examples` shrinks to."""
+    contract = draw(st.sampled_from(contracts))  # not _sampled: see examples
+    head_dim, head_dim_v, block_size, kv_heads, dtype = draw(_placed_sizes(sizes, contract.diff_kv))
+    num_layers, layer = draw(layers(contract))
+    case = Case((1,), (1,), kv_heads, kv_heads, head_dim, block_size, dtype)
+    return Example(case, contract, draw(_placed_pages(sizes, block_size)), num_layers, layer, head_dim_v=head_dim_v)
+
+
+@cache
+def _placed_sizes(sizes: Sizes, diff_kv: bool) -> st.SearchStrategy[tuple[int, int, int, int, str]]:
+    # (K's head dim, V's (0: K's), block size, kv heads, dtype): ordered as `cases` shrinks them, the block size as
+    # long as K's head dim twice as often as each other (block_sizes).
+    dims = sizes.diff_kv_dims if diff_kv else tuple((d, 0) for d in sizes.head_dims)
+    return st.sampled_from([(k, v, bs, kv, dtype) for k, v in dims
+                            for bs in sizes.block_sizes + ((k,) if k in sizes.block_sizes else ())
+                            for kv in sizes.kv_heads for dtype in sizes.dtypes])
+
+
+@cache
+def _placed_pages(sizes: Sizes, block_size: int) -> st.SearchStrategy[int]:
+    most = sizes.max_seqs * -(-sizes.long_len // block_size) + 4  # the most `examples` can page a batch into
+    return st.one_of(st.integers(1, most), st.sampled_from((2, 3)))
+
+
 def ambiguous(contract: Contract, sizes: Sizes) -> list[Example]:
     """The explicit examples of `contract`, where every size that makes a shape-only reading ambiguous coincides:
     2 KV heads (GQA), block_size == head_dim (`Sizes.coinciding`), 2 layers of a shared allocation; at num_blocks 2
@@ -379,9 +405,3 @@ def ambiguous(contract: Contract, sizes: Sizes) -> list[Example]:
 def explicit(contract: Contract, sizes: Sizes) -> list[tuple[Example, None]]:
     """(example, extra) run first on every target of a check with no argument of its own: the ambiguous examples."""
     return [(ex, None) for ex in ambiguous(contract, sizes)]
-
-
-def explicit_malformed(contract: Contract, sizes: Sizes) -> list[tuple[Example, str]]:
-    """(example, malformation) run first on every target of rejects-malformed: each malformation of each ambiguous
-    example (where a malformed cache passes most easily for a valid one of other sizes)."""
-    return [(ex, m) for ex in ambiguous(contract, sizes) for m in MALFORMATIONS]

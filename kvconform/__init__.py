@@ -216,6 +216,8 @@ class KvconformPlugin:
         s = self.session
         n = config.getoption("kvconform_max_examples") or settings.default.max_examples
         shrink = "failing examples shrunk" if profiles.shrinks() else "no shrinking: a failing item stops at its first"
+        if not profiles.explicit():
+            shrink += "; no explicit examples: generated ones alone"
         return [f"kvconform: subject {s.subject_name} on {s.device}, hypothesis profile "
                 f"{settings.get_current_profile_name()} ({shrink}), seed {s.seed} (--hypothesis-seed={s.seed} draws "
                 "these examples again, live or replayed)",

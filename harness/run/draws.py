@@ -22,10 +22,11 @@ class Draws:
 
 
 PLACED = Draws(explicit=strategies.explicit)  # every check that hands a subject a cache: the ambiguous sizes first
+VIEWED = Draws(strategies.placements, strategies.explicit)  # the checks that look at the views alone
 MOVED = Draws(transfer.examples, transfer.explicit, transfer.seeds)
 DRAWS = {
-    checks.SPLIT_AGREES.name: PLACED,
-    checks.REJECTS_MALFORMED.name: Draws(explicit=strategies.explicit_malformed, extra=strategies.malformations),
+    checks.SPLIT_AGREES.name: VIEWED,
+    checks.REJECTS_MALFORMED.name: VIEWED,
     checks.TRANSFER.name: MOVED,
     checks.RELAYOUT.name: MOVED,
     checks.BIT_IDENTITY.name: PLACED,
