@@ -5,6 +5,7 @@ narrower and wider than K's, while examples of one head dim serialise as the sto
 import dataclasses
 import json
 
+import hypothesis
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
@@ -15,7 +16,7 @@ from harness.run import draws
 from harness.cases import SPARSITY_MODES
 from harness.contract import Contract, cross_layer, families, views
 from harness.strategies import (AMBIGUOUS_KV_HEADS, CPU, GPU, Example, ambiguous, block_sizes,
-                                examples, kv_lengths, num_blocks, sequence_mixes)
+                                examples, kv_lengths, num_blocks, placements, sequence_mixes)
 
 CONTRACTS = families() + [cross_layer(c, outer) for c in families()[:2] for outer in (True, False)]
 DIFF_KV = [Contract.of(("B", "N", "H", "C"), ("B", "H", "N", "C"), diff_kv=True),
@@ -305,3 +306,33 @@ def test_an_example_holds_its_own_targets_contract_after_an_equal_one_of_another
         given(ex=examples([contract], CPU))(settings(max_examples=3, database=None)(
             lambda ex: seen.append(ex.contract.origin)))()
         assert seen and all(o == contract.origin for o in seen)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda ex: ex.num_blocks == 2,  # a consumer that takes an axis of 2 for K/V
+    lambda ex: ex.case.kv_heads == 2 and ex.case.block_size == ex.case.head_dim,
+    lambda ex: ex.num_blocks > 3 and ex.case.dtype == "bfloat16",
+])
+def test_placements_shrink_to_what_the_views_see_of_the_example_that_examples_shrinks_to(wrong):
+    """The cache and layer (dims, dtype) are the same; the batch is not (examples' minimal batch is what it takes to
+    need that many pages, the views' is one token)."""
+    c = next(c for c in fixtures.load("0.22.1").contracts if not c.layout.shared and not c.layout.latent)
+    found = [hypothesis.find(s, wrong, settings=settings(database=None, max_examples=2000, derandomize=True))
+             for s in (examples([c], CPU), placements([c], CPU))]
+    assert [(ex.contract, ex.dims, ex.case.dtype) for ex in found] == [(found[0].contract, found[0].dims,
+                                                                          found[0].case.dtype)] * 2, found
+
+
+def test_placements_reach_every_page_count_and_size_examples_reaches():
+    c = next(c for c in fixtures.load("0.29.0").contracts if c.layout.shared and not c.layout.latent)
+    seen: dict[str, set] = {"old": set(), "new": set()}
+    for name, s in (("old", examples([c], CPU)), ("new", placements([c], CPU))):
+        @hypothesis.seed(1)
+        @settings(max_examples=3000, database=None, suppress_health_check=list(HealthCheck))
+        @given(s)
+        def draw(ex):
+            seen[name].add((ex.num_blocks, ex.case.head_dim, ex.case.block_size, ex.case.kv_heads, ex.case.dtype,
+                            ex.num_layers, ex.layer))
+        draw()
+    for i, what in enumerate(("num_blocks", "head_dim", "block_size", "kv_heads", "dtype", "layers", "layer")):
+        assert {v[i] for v in seen["old"]} <= {v[i] for v in seen["new"]}, what

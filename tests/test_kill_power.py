@@ -1,0 +1,42 @@
+"""benchmarks/kill_power.py counts an item as caught only on a new finding, flags what checked nothing, and names each
+item caught on one side only; determinism's budget on Triton's interpreter."""
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import kill_power  # noqa: E402
+
+from harness import checks  # noqa: E402
+from harness.run.targets import examples_per_item  # noqa: E402
+
+
+def _row(outcome, known="", geometry="g", check="split-agrees"):
+    return SimpleNamespace(release="0.22.1", geometry=geometry, check=check, outcome=outcome, known=known,
+                           diagnosis="why")
+
+
+def test_caught_is_a_new_finding_and_a_harness_error_checks_nothing():
+    rows = [_row("bit-identical"), _row("differs", geometry="a"), _row("differs", known="k1", geometry="b"),
+            _row("accepted", geometry="c", check="rejects-malformed"), _row("unsupported", geometry="d"),
+            _row("harness-error", geometry="e")]
+    found, broken = kill_power.caught(rows)
+    assert found == ["0.22.1|a|split-agrees", "0.22.1|c|rejects-malformed"]
+    assert broken == ["0.22.1|e|split-agrees: harness-error: why"]
+
+
+def test_compare_names_each_item_lost_and_gained():
+    before = {"s": {"caught": ["r|a|c", "r|b|c"]}}
+    after = {"s": {"caught": ["r|b|c", "r|d|c"]}}
+    lines, differences = kill_power.compare(before, after)
+    assert differences == 2
+    assert "  lost   s r|a|c" in lines and "  gained s r|d|c" in lines
+    assert kill_power.compare(before, before)[1] == 0
+
+
+def test_determinism_draws_one_example_on_the_interpreter_and_the_others_their_budget():
+    assert examples_per_item(checks.DETERMINISM, 8, interpreted=True) == 1
+    assert examples_per_item(checks.DETERMINISM, 8) == 8
+    assert examples_per_item(checks.BIT_IDENTITY, 8, interpreted=True) == 8
+    assert examples_per_item(checks.SPLIT_AGREES, 8, interpreted=True) == 8 * checks.CHEAP_FACTOR
