@@ -199,7 +199,11 @@ def sparsities(draw, sizes: Sizes, mode: str | None = None) -> Sparsity:
 @cache
 def block_sizes(sizes: Sizes, head_dim: int) -> st.SearchStrategy[int]:
     """A block size of `sizes`, the one as long as `head_dim` (where there is one) twice as often as each other."""
-    return st.sampled_from(sizes.block_sizes + ((head_dim,) if head_dim in sizes.block_sizes else ()))
+    return st.sampled_from(_block_size_choices(sizes, head_dim))
+
+
+def _block_size_choices(sizes: Sizes, head_dim: int) -> tuple[int, ...]:
+    return sizes.block_sizes + ((head_dim,) if head_dim in sizes.block_sizes else ())
 
 
 _CAUSAL = st.booleans().map(lambda b: not b)  # shrinks towards causal
@@ -362,7 +366,8 @@ def placements(draw, contracts: list[Contract], sizes: Sizes) -> Example:
     (split-agrees, rejects-malformed): what they are made of, the cache's sizes and dtype (one draw), its layers and
     its pages (1 up to what a batch of `sizes` can need, 2 and 3 as often again), and nothing else: the batch is one
     token of MHA, since its lengths, heads ratio, sparsity, contents and page order reach neither the views nor the
-    layer. What `examples` reaches of these, it reaches too; an example shrinks to the one `examples` shrinks to."""
+    layer. What `examples` reaches of these, it reaches too, and what the views see of a shrunk example is what they
+    see of the one `examples` shrinks to."""
     contract = draw(st.sampled_from(contracts))  # not _sampled: see examples
     head_dim, head_dim_v, block_size, kv_heads, dtype = draw(_placed_sizes(sizes, contract.diff_kv))
     num_layers, layer = draw(layers(contract))
@@ -376,7 +381,7 @@ def _placed_sizes(sizes: Sizes, diff_kv: bool) -> st.SearchStrategy[tuple[int, i
     # long as K's head dim twice as often as each other (block_sizes).
     dims = sizes.diff_kv_dims if diff_kv else tuple((d, 0) for d in sizes.head_dims)
     return st.sampled_from([(k, v, bs, kv, dtype) for k, v in dims
-                            for bs in sizes.block_sizes + ((k,) if k in sizes.block_sizes else ())
+                            for bs in _block_size_choices(sizes, k)
                             for kv in sizes.kv_heads for dtype in sizes.dtypes])
 
 
