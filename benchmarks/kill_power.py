@@ -9,6 +9,9 @@ strategies or budgets kept what they catch.
     python benchmarks/kill_power.py --only mutants --jobs 4 --workers 4      # one group; runs side by side
     python benchmarks/kill_power.py --compare before.json after.json         # counts, and every difference
 
+Each run keeps the failing examples it stores in its own folder: a planted-bug subject is kvconform's own, whose
+regressions would otherwise go to the checkout's fixtures/regressions and run first in every later run.
+
 Mutants run the checks that launch their kernels; consumers the checks of the views they are handed (split-agrees,
 rejects-malformed). A run that ends other than passed or failed (a usage error, a crash), or a harness-error or
 timeout line, is reported and makes the script exit 1: what it could not check is not counted as caught or missed.
@@ -61,7 +64,8 @@ def run(root: Path, subject: str, checks: str, out: Path, workers: int) -> dict:
            "PYTHONPATH": os.pathsep.join([str(root / "examples"), str(root / "tests")])}
     cmd = [sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", "-p", "no:randomly", "-q",
            "--kvconform-release=recorded", "--hypothesis-profile=kvconform-generated", f"--kvconform-subject={subject}",
-           f"--kvconform-results-dir={folder}", "-k", checks, "-n", str(workers)]
+           f"--kvconform-results-dir={folder}", f"--kvconform-regressions-dir={folder / 'regressions'}", "-k", checks,
+           "-n", str(workers)]
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start

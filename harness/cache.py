@@ -10,21 +10,32 @@ from dataclasses import dataclass
 import torch
 
 from harness.contract import Contract, Dims, views
+from harness.devices import upload
 
 PAGE_ORDERS = ("shuffled", "reversed", "sequential")
 
 
 @dataclass(frozen=True)
 class Paging:
-    """Which page holds which tokens: block_table [batch, max_pages] (-1 past a sequence's end) and slots."""
+    """Which page holds which tokens: block_table [batch, max_pages] (-1 past a sequence's end) and slots. A
+    Paging that `to` moved off the host keeps the host table it moved (`host_table`): reading a device's table back
+    waits for the device. Whoever replaces its block_table replaces that too."""
 
     block_table: torch.Tensor
     slot_mapping: torch.Tensor
     kv_lens: tuple[int, ...]
     block_size: int
+    host_table: torch.Tensor | None = None
 
     def to(self, device: str | torch.device) -> Paging:
-        return Paging(self.block_table.to(device), self.slot_mapping.to(device), self.kv_lens, self.block_size)
+        moved = torch.device(device).type != "cpu"
+        host = (self.block_table if self.block_table.device.type == "cpu" else self.host_table) if moved else None
+        return Paging(upload(self.block_table, device), upload(self.slot_mapping, device), self.kv_lens,
+                      self.block_size, host)
+
+    def host_block_table(self) -> torch.Tensor:
+        """block_table on the host: the kept copy where there is one."""
+        return self.block_table.cpu() if self.host_table is None else self.host_table
 
 
 def paging(

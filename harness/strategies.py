@@ -27,8 +27,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from functools import cache
 
 import torch
@@ -76,6 +77,7 @@ class Sizes:
     max_seqs: int
     long_len: int  # the "long" KV length; other lengths straddle page boundaries
     diff_kv_dims: tuple[tuple[int, int], ...]
+    oracle_work: int  # the most scores (Σ q_len * kv_len * num_heads) of a case the float64 oracle computes
 
     def __post_init__(self) -> None:
         # The ambiguous examples need each coincidence these sets can give; without one they would silently not be.
@@ -107,14 +109,16 @@ class Sizes:
 # a few pages.
 CPU = Sizes(head_dims=(64, 80), block_sizes=(16, 32, 64), dtypes=("float16", "bfloat16"), kv_heads=(1, 2),
             groups=(1, 2, 4), nm_groups=(4, 8), max_seqs=3, long_len=100,
-            diff_kv_dims=((64, 32), (64, 96), (80, 48)))
+            diff_kv_dims=((64, 32), (64, 96), (80, 48)), oracle_work=3 * 100 * 100 * 8)  # any case: never binds
 # H200: realistic shapes (32 heads / 8 kv heads / dim 128, KV up to 8k, batches of 8+). One head dim and one N:M
 # group size: the built-in kernel has ~100 constexpr variants per head dim (dtype, causal, mode, tile, paged, split),
 # each a compile of seconds; the other head dims are covered on the CPU. Diff-KV: K 192 / V 128 as the diff-KV
-# models use it, and K 128 / V 64 and K 128 / V 192 at the block size 128.
+# models use it, and K 128 / V 64 and K 128 / V 192 at the block size 128. The oracle's cases at most 2^27 scores,
+# about 0.2 s of its float64 work on an H200 (an unbounded one averages 1.6 s): an 8k prefill of 2 heads, a 1k one of
+# 64, a batch of long decodes of any heads.
 GPU = Sizes(head_dims=(128,), block_sizes=(16, 32, 64, 128), dtypes=("float16", "bfloat16"),
             kv_heads=(1, 2, 8), groups=(1, 4, 8), nm_groups=(4,), max_seqs=12, long_len=8192,
-            diff_kv_dims=((128, 64), (128, 192), (192, 128)))
+            diff_kv_dims=((128, 64), (128, 192), (192, 128)), oracle_work=2**27)
 
 SEQUENCE_KINDS = ("prefill", "chunked", "decode")
 SKIP_THRESHOLDS = (0.05, 0.3, 0.7, 0.95)
@@ -211,18 +215,46 @@ _CAUSAL = st.booleans().map(lambda b: not b)  # shrinks towards causal
 
 @cache
 @st.composite
-def cases(draw, sizes: Sizes, mode: str | None = None) -> Case:
+def cases(draw, sizes: Sizes, mode: str | None = None, work: int = 0) -> Case:
     """A valid Case with compile-time values from `sizes` and everything else free (the sparsity mode too, unless
-    `mode` is given)."""
+    `mode` is given); with `work`, its batch cut to at most that many scores (`within`)."""
     head_dim = draw(_sampled(sizes.head_dims))
     block_size = draw(block_sizes(sizes, head_dim))
     q_lens, kv_lens = draw(sequence_mixes(block_size, sizes))
     num_heads, kv_heads = draw(heads(sizes))
+    if work:
+        q_lens, kv_lens = within(q_lens, kv_lens, num_heads, work)
     return Case(
         q_lens, kv_lens, num_heads, kv_heads, head_dim=head_dim, block_size=block_size,
         dtype=draw(_sampled(sizes.dtypes)), causal=draw(_CAUSAL),
         sparsity=draw(sparsities(sizes, mode)), seed=draw(st.integers(0, 2**16)),
     )
+
+
+@cache
+def oracle_cases(sizes: Sizes, mode: str) -> st.SearchStrategy[Case]:
+    """The cases of one sparsity mode that the float64 oracle judges: `cases`, at most `sizes.oracle_work` scores."""
+    return cases(sizes, mode, sizes.oracle_work)
+
+
+def within(q_lens: tuple[int, ...], kv_lens: tuple[int, ...], num_heads: int, work: int
+           ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The batch's sequences, in order, each kept while the scores so far (q_len * kv_len * num_heads each) stay
+    within `work`; where not even the first fits, it alone, shortened to fit: a prefill to a shorter prefill, a
+    chunked prefill to fewer queries (a decode at the least). The batch itself where it fits."""
+    kept, used = [], 0
+    for q, kv in zip(q_lens, kv_lens):
+        if used + q * kv * num_heads <= work:
+            kept.append((q, kv))
+            used += q * kv * num_heads
+    if not kept:
+        q, kv = q_lens[0], kv_lens[0]
+        if q == kv:
+            q = kv = math.isqrt(work // num_heads)
+        else:
+            q = max(1, work // (kv * num_heads))
+        kept = [(q, kv)]
+    return tuple(q for q, _ in kept), tuple(kv for _, kv in kept)
 
 
 def warmup_shards(sizes: Sizes) -> list[list[Case]]:
@@ -326,8 +358,9 @@ class Example:
 
     def to_json(self) -> str:
         """One line of JSON that `from_json` turns back into this exact example."""
-        body = asdict(self)
-        body["contract"] = self.contract.to_json()
+        # asdict would turn the contract into a dict of all its fields only for this to replace it.
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        body["case"], body["contract"] = asdict(self.case), self.contract.to_json()
         if not self.head_dim_v:  # an example of one head dim says nothing of V's, so its line and digest hold only K's
             del body["head_dim_v"]
         return json.dumps(body, sort_keys=True)

@@ -40,3 +40,18 @@ def test_determinism_draws_one_example_on_the_interpreter_and_the_others_their_b
     assert examples_per_item(checks.DETERMINISM, 8) == 8
     assert examples_per_item(checks.BIT_IDENTITY, 8, interpreted=True) == 8
     assert examples_per_item(checks.SPLIT_AGREES, 8, interpreted=True) == 8 * checks.CHEAP_FACTOR
+
+
+def test_a_run_stores_its_regressions_in_its_own_folder_not_the_checkouts(tmp_path, monkeypatch):
+    """A mutant is kvconform's own subject: without this its shrunk examples would land in fixtures/regressions and
+    run first in every later run, the other side's included."""
+    seen = {}
+
+    def fake_run(cmd, **kwargs):
+        seen["cmd"] = cmd
+        return SimpleNamespace(returncode=0, stdout="1 passed\n", stderr="")
+
+    monkeypatch.setattr(kill_power.subprocess, "run", fake_run)
+    monkeypatch.setattr(kill_power.results, "read", lambda *a, **k: [])
+    kill_power.run(tmp_path / "root", "mutant:table_row", kill_power.KERNEL, tmp_path / "out", 2)
+    assert f"--kvconform-regressions-dir={tmp_path / 'out' / 'mutant_table_row' / 'regressions'}" in seen["cmd"]

@@ -15,8 +15,8 @@ from harness import checks, fixtures, transfer
 from harness.run import draws
 from harness.cases import SPARSITY_MODES
 from harness.contract import Contract, cross_layer, families, views
-from harness.strategies import (AMBIGUOUS_KV_HEADS, CPU, GPU, Example, ambiguous, block_sizes,
-                                examples, kv_lengths, num_blocks, placements, sequence_mixes)
+from harness.strategies import (AMBIGUOUS_KV_HEADS, CPU, GPU, Example, ambiguous, block_sizes, cases,
+                                examples, kv_lengths, num_blocks, oracle_cases, placements, sequence_mixes, within)
 
 CONTRACTS = families() + [cross_layer(c, outer) for c in families()[:2] for outer in (True, False)]
 DIFF_KV = [Contract.of(("B", "N", "H", "C"), ("B", "H", "N", "C"), diff_kv=True),
@@ -336,3 +336,37 @@ def test_placements_reach_every_page_count_and_size_examples_reaches():
         draw()
     for i, what in enumerate(("num_blocks", "head_dim", "block_size", "kv_heads", "dtype", "layers", "layer")):
         assert {v[i] for v in seen["old"]} <= {v[i] for v in seen["new"]}, what
+
+
+@settings(max_examples=60, database=None)
+@given(case=st.sampled_from(SPARSITY_MODES).flatmap(lambda mode: oracle_cases(GPU, mode)))
+def test_the_oracles_gpu_cases_stay_within_its_work(case):
+    assert sum(q * kv for q, kv in zip(case.q_lens, case.kv_lens)) * case.num_heads <= GPU.oracle_work
+
+
+def test_the_oracles_bound_never_binds_on_the_cpu():
+    """So the CPU's oracle draws what `cases` draws, example for example."""
+    assert CPU.max_seqs * CPU.long_len**2 * max(CPU.kv_heads) * max(CPU.groups) <= CPU.oracle_work
+    for mode in SPARSITY_MODES:
+        drawn = []
+        for s in (cases(CPU, mode), oracle_cases(CPU, mode)):
+            drawn.append([])
+
+            @settings(max_examples=100, database=None, derandomize=True)
+            @given(s)
+            def draw(case):
+                drawn[-1].append(case)
+            draw()
+        assert drawn[0] == drawn[1], mode
+
+
+@pytest.mark.parametrize("q_lens, kv_lens, heads, work, want", [
+    ((8192,), (8192,), 2, 2**27, ((8192,), (8192,))),  # fits exactly
+    ((8192,), (8192,), 64, 2**27, ((1448,), (1448,))),  # a prefill stays one, shorter
+    ((100, 8192), (8192, 8192), 64, 2**27, ((100,), (8192,))),  # the prefill that does not fit is left out
+    ((8000, 1), (8192, 5000), 64, 2**27, ((1,), (5000,))),  # a later sequence kept where an earlier did not fit
+    ((4000,), (8192,), 64, 2**27, ((256,), (8192,))),  # a chunked prefill keeps its keys, fewer queries
+    ((4000,), (8192,), 64, 2**18, ((1,), (8192,))),  # ... a decode at the least
+])
+def test_within_keeps_what_fits_and_shortens_only_a_first_sequence_alone(q_lens, kv_lens, heads, work, want):
+    assert within(q_lens, kv_lens, heads, work) == want

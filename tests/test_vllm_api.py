@@ -260,3 +260,14 @@ def test_a_planted_wrong_shape_answer_leaves_the_model_without_an_answer() -> No
     with pytest.raises(CannotAnswer, match="no layout model reproduces"):
         cls.get_kv_cache_shape(*a["args"], **a["kwargs"])
     assert _said(lambda: cls.get_kv_cache_shape(*a["args"], **a["kwargs"]))[0] != _recorded(a)[0]
+
+
+def test_recordings_that_build_the_same_stand_ins_share_them_and_others_do_not() -> None:
+    from harness.vllm_api import modules
+
+    rec = fixtures.load("0.25.1")
+    again = dataclasses.replace(rec)  # equal, with the same API, not the same object
+    other = dataclasses.replace(rec, contracts=rec.contracts[:-1])
+    assert again is not rec and again == rec
+    assert stand_ins(again) is stand_ins(rec) and modules.build(again) is modules.build(rec)
+    assert stand_ins(other) is not stand_ins(rec) and modules.build(other) is not modules.build(rec)

@@ -14,11 +14,13 @@ from harness.checks import Check
 
 @dataclass(frozen=True)
 class Draws:
-    """A check's draws: None where it draws harness.strategies.examples, has no explicit examples, takes no argument."""
+    """A check's draws: None where it draws harness.strategies.examples, has no explicit examples, takes no argument;
+    the cases of its one-mode items."""
 
     examples: Callable | None = None  # (contracts, sizes) -> strategy of examples
     explicit: Callable | None = None  # (contract, sizes) -> [(example, argument)], run first
     extra: Callable | None = None  # () -> strategy of the check's own argument
+    cases: Callable = strategies.cases  # (sizes, mode) -> strategy of the cases of an item of one sparsity mode
 
 
 PLACED = Draws(explicit=strategies.explicit)  # every check that hands a subject a cache: the ambiguous sizes first
@@ -32,6 +34,7 @@ DRAWS = {
     checks.BIT_IDENTITY.name: PLACED,
     checks.DETERMINISM.name: PLACED,
     checks.ULP_AUTOTUNED.name: PLACED,
+    checks.ORACLE.name: Draws(cases=strategies.oracle_cases),  # its float64 work bounded
 }
 
 

@@ -9,7 +9,6 @@ for kvconform's own bugs.
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from harness.run.releases import ReleaseContracts
 from harness.run.session import Session, supports_layer
 from harness.run.targets import Target, examples_per_item, item_seed
 from harness.run.trial import NotRun, Outcome, Poisoned, Trial, Verdict
-from harness.strategies import Example, alike, cases, examples
+from harness.strategies import Example, alike, examples
 
 CheckFn = Callable[[Trial], Outcome]
 
@@ -89,7 +88,7 @@ class Loop:
             strategy, explicit = model.examples(target.model), model.explicit(target.model)
         else:
             strategy = (drawn.examples([target.contract], sizes) if drawn.examples else
-                        examples([target.contract], sizes, cases(sizes, target.mode) if target.mode else None))
+                        examples([target.contract], sizes, drawn.cases(sizes, target.mode) if target.mode else None))
             explicit = drawn.explicit(target.contract, sizes) if drawn.explicit else []
         count = examples_per_item(check, self.max_examples or settings.default.max_examples, target.mode,
                                   devices.interpreted())

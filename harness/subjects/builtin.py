@@ -21,6 +21,7 @@ import triton.language as tl
 from harness.cache import Paging
 from harness.cases import Case
 from harness.contract import cache_dtype
+from harness.devices import upload
 from harness.layer import Layer, kv_views
 from harness.subjects import Launched, SparsitySemantics, TileConfig, check_paged_views
 
@@ -322,7 +323,7 @@ def _check_table(case: Case, paging: Paging, num_blocks: int) -> None:
         raise ValueError(
             f"block table {tuple(table.shape)} {table.dtype} is not int32 [batch={len(case.kv_lens)}, max_pages]"
         )
-    host = table.cpu()
+    host = paging.host_block_table()
     for seq, kv in enumerate(case.kv_lens):
         need = -(-kv // case.block_size)
         if need > table.shape[1]:
@@ -359,12 +360,15 @@ class BatchTensors:
 
 
 def batch_tensors(case: Case, device: torch.device) -> BatchTensors:
-    """The case's sequence boundaries as int32 device tensors."""
-    def starts(lens: tuple[int, ...]) -> torch.Tensor:
-        return torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
-
-    return BatchTensors(starts(case.q_lens), starts(case.kv_lens),
-                        torch.tensor(case.kv_lens, dtype=torch.int32, device=device))
+    """The case's sequence boundaries as int32 device tensors (one upload, no host wait)."""
+    batch = len(case.q_lens)
+    # Rows of one upload, each 16-byte aligned as a tensor of its own is (Triton specialises a pointer on that).
+    host = torch.zeros(3, -(-(batch + 1) // 4) * 4, dtype=torch.int32)
+    host[0, : batch + 1] = torch.tensor([0, *itertools.accumulate(case.q_lens)])
+    host[1, : batch + 1] = torch.tensor([0, *itertools.accumulate(case.kv_lens)])
+    host[2, :batch] = torch.tensor(case.kv_lens)
+    rows = upload(host, device)
+    return BatchTensors(rows[0, : batch + 1], rows[1, : batch + 1], rows[2, :batch])
 
 
 def constexprs(case: Case, tile: TileConfig, paged: bool) -> dict[str, int | bool]:

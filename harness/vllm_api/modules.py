@@ -28,13 +28,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from harness.fixtures import Recording
-from harness.vllm_api.standins import stand_ins
+from harness.vllm_api.standins import stand_ins, token
 
 _lock = threading.RLock()
 _active: list[str] = []  # the release whose stand-ins are installed (at most one)
 _origin: dict[int, tuple[Any, str, str]] = {}  # id(stand-in) -> (the stand-in, kept alive; module; name): rebind
-_built: dict[tuple, dict[str, types.ModuleType]] = {}
-_keys: dict[int, tuple[Recording, tuple]] = {}  # id(recording) -> (it, kept alive; its key in _built)
+_built: dict[tuple[int, str | None], dict[str, types.ModuleType]] = {}  # (recording's token, device) -> modules
 
 
 class ReplayError(RuntimeError):
@@ -61,11 +60,7 @@ def placeholder(release: str, module: str, name: str) -> type:
 def build(recording: Recording, device: str | None = None) -> dict[str, types.ModuleType]:
     """The stand-in modules of `recording`'s release, by import path (nothing installed; built once per recording
     and device class)."""
-    # A recording's key hashes all its contracts: worked out once per recording, not per replayed call.
-    known = _keys.get(id(recording))
-    if known is None:
-        known = _keys[id(recording)] = (recording, (recording.release, recording.contracts, id(recording.api)))
-    key = (*known[1], device)
+    key = (token(recording), device)
     if key not in _built:
         _built[key] = _build(recording, device)
     return _built[key]

@@ -394,12 +394,25 @@ def api_of(recording: Recording) -> Api:
                          f"({fixtures.path(recording.release)})")
 
 
-_cache: dict[tuple, StandIns] = {}
+_cache: dict[tuple[int, str | None], StandIns] = {}
+_tokens: dict[tuple, int] = {}  # what a recording's stand-ins are built from -> its token
+_known: dict[int, tuple[Recording, int]] = {}  # id(recording) -> (it, kept alive; its token)
+
+
+def token(recording: Recording) -> int:
+    """A small key for what `recording`'s stand-ins are built from (its release, contracts and API): equal for
+    recordings that build the same stand-ins. Those hold all its contracts, and a tuple does not keep its hash, so it
+    is hashed once per recording rather than on every replayed call."""
+    known = _known.get(id(recording))
+    if known is None:
+        content = (recording.release, recording.contracts, id(recording.api))
+        known = _known[id(recording)] = (recording, _tokens.setdefault(content, len(_tokens)))
+    return known[1]
 
 
 def stand_ins(recording: Recording, device: str | None = None) -> StandIns:
     """`recording`'s stand-ins (built once per recording and device class)."""
-    key = (recording.release, recording.contracts, id(recording.api), device)
+    key = (token(recording), device)
     if key not in _cache:
         _cache[key] = StandIns(api_of(recording), recording.contracts, device)
     return _cache[key]

@@ -212,7 +212,7 @@ class ModeloptSubject(Launched):
                 f"does not match the case's kv_lens {case.kv_lens} block_size {case.block_size}"
             )
         # modelopt's kernel loads whatever page the table names: check every page a sequence uses is in the cache.
-        host = paging.block_table.cpu()
+        host = paging.host_block_table()
         for seq, kv in enumerate(case.kv_lens):
             pages = host[seq, : -(-kv // case.block_size)]
             if pages.numel() < -(-kv // case.block_size) or pages.min() < 0 or pages.max() >= k_cache.shape[0]:
