@@ -32,7 +32,6 @@ class Check:
     says: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
     module: str = ""  # its suite module under conformance/ ("" when another records it)
     mode: str = ""  # the one sparsity mode its examples take ("": every mode)
-    interpreted: int = 0  # examples per item on Triton's interpreter, where it can find less (0: its usual budget)
 
     @property
     def kernels(self) -> bool:
@@ -72,10 +71,8 @@ ORACLE = Check("oracle", frozenset({"forward"}), launches="subject", order=2, mo
                says={"differs": "out of tolerance"})  # its items are the longest: they start first
 BIT_IDENTITY = Check("bit-identity", frozenset({"split", "forward"}), launches="subject", order=3,
                      module="test_bit_identity")
-# Triton's interpreter runs a launch's programs one after another in order: no kernel's result can vary between two
-# calls there, only the host's part of the subject (a choice made again on each call), which any one example shows.
 DETERMINISM = Check("determinism", frozenset({"split", "forward"}), launches="subject", order=3,
-                    module="test_determinism", says={"differs": "nondeterministic"}, interpreted=1)
+                    module="test_determinism", says={"differs": "nondeterministic"})
 ULP_AUTOTUNED = Check("ulp-autotuned", frozenset({"split", "forward", "autotune"}), launches="subject", order=3,
                       module="test_ulp_autotuned", mode="none", says={"differs": "beyond the rounding bound"})
 

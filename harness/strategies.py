@@ -114,8 +114,8 @@ CPU = Sizes(head_dims=(64, 80), block_sizes=(16, 32, 64), dtypes=("float16", "bf
 # group size: the built-in kernel has ~100 constexpr variants per head dim (dtype, causal, mode, tile, paged, split),
 # each a compile of seconds; the other head dims are covered on the CPU. Diff-KV: K 192 / V 128 as the diff-KV
 # models use it, and K 128 / V 64 and K 128 / V 192 at the block size 128. The oracle's cases at most 2^27 scores,
-# about 0.2 s of its float64 work on an H200 (an unbounded one averages 1.6 s): an 8k prefill of 2 heads, a 1k one of
-# 64, a batch of long decodes of any heads.
+# about 0.2 s of its float64 work on an H200 (an unbounded one averages 1.6 s): an 8k prefill of 2 heads, one of
+# 1,448 tokens at 64 heads, a batch of long decodes at any heads.
 GPU = Sizes(head_dims=(128,), block_sizes=(16, 32, 64, 128), dtypes=("float16", "bfloat16"),
             kv_heads=(1, 2, 8), groups=(1, 4, 8), nm_groups=(4,), max_seqs=12, long_len=8192,
             diff_kv_dims=((128, 64), (128, 192), (192, 128)), oracle_work=2**27)

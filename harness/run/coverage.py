@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness import checks, devices
+from harness import checks
 from harness.checks import Check
 from harness.contract import Contract
 from harness.results import Word
@@ -89,7 +89,7 @@ def plan(session: Session, max_examples: int) -> str:
             continue
         explicit_of = draws.of(c).explicit
         explicit = len(explicit_of(sample.contract, session.sizes)) if explicit_of and sample else 0
-        parts.append(f"{c.name} {examples_per_item(c, max_examples, c.mode, devices.interpreted())}"
+        parts.append(f"{c.name} {examples_per_item(c, max_examples, c.mode)}"
                      + (f" + {explicit} explicit" if explicit else "")
                      + (f" (sparsity mode {c.mode} only)" if c.mode else "")
                      + (" (vLLM's own CUDA op: live on CUDA only)" if c.launches == "vllm" else ""))

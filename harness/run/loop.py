@@ -18,7 +18,7 @@ import hypothesis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import costs, devices, findings, limits, model, profiles
+from harness import costs, findings, limits, model, profiles
 from harness.checks import Check
 from harness.model import Moves
 from harness.results import Word
@@ -90,8 +90,7 @@ class Loop:
             strategy = (drawn.examples([target.contract], sizes) if drawn.examples else
                         examples([target.contract], sizes, drawn.cases(sizes, target.mode) if target.mode else None))
             explicit = drawn.explicit(target.contract, sizes) if drawn.explicit else []
-        count = examples_per_item(check, self.max_examples or settings.default.max_examples, target.mode,
-                                  devices.interpreted())
+        count = examples_per_item(check, self.max_examples or settings.default.max_examples, target.mode)
 
         @settings(max_examples=count)
         @given(ex=strategy, extra=drawn.extra() if drawn.extra else st.none())

@@ -127,12 +127,9 @@ def item_seed(seed: int, check: str, target: Target) -> int:
     return int(hashlib.sha1(key.encode()).hexdigest()[:16], 16)
 
 
-def examples_per_item(check: Check, max_examples: int, mode: str = "", interpreted: bool = False) -> int:
+def examples_per_item(check: Check, max_examples: int, mode: str = "") -> int:
     """Generated examples of one item of `check` (its explicit ones come on top): the profile's max_examples times
-    the check's budget, shared out among the sparsity modes when its items take one mode each (the oracle's); on
-    Triton's interpreter (`interpreted`), the check's own count there where it declares one."""
-    if interpreted and check.interpreted:
-        return check.interpreted
+    the check's budget, shared out among the sparsity modes when its items take one mode each (the oracle's)."""
     count = max_examples * check.budget
     return -(-count // len(SPARSITY_MODES)) if mode else count
 
