@@ -1,4 +1,5 @@
-"""Paging: block tables over shuffled, non-contiguous pages, slot mapping, and token writes through K/V views.
+"""Paging: block tables over shuffled, non-contiguous pages, slot mapping, and token writes through K/V views; host
+tensors uploaded to a device without waiting for it.
 
 A slot is `page * block_size + offset`, as in vLLM's `slot_mapping`. Pages no sequence uses stay poisoned.
 """
@@ -10,9 +11,17 @@ from dataclasses import dataclass
 import torch
 
 from harness.contract import Contract, Dims, views
-from harness.devices import upload
 
 PAGE_ORDERS = ("shuffled", "reversed", "sequential")
+
+
+def upload(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """Host tensor `t` on `device`, without a host wait on CUDA: a copy from pageable memory first waits for the
+    device's queue, one from pinned memory is queued like a kernel (torch keeps the pinned block until it ran)."""
+    device = torch.device(device)
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)

@@ -121,15 +121,6 @@ def settle(worker: str | None, worker_count: int, starts_workers: bool) -> str:
     return device
 
 
-def upload(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
-    """Host tensor `t` on `device`, without a host wait on CUDA: a copy from pageable memory first waits for the
-    device's queue, one from pinned memory is queued like a kernel (torch keeps the pinned block until it ran)."""
-    device = torch.device(device)
-    if device.type != "cuda" or t.device.type != "cpu":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
-
-
 def worker_device(worker: str | None) -> str:
     """The device of one test process: xdist worker gwN takes GPU N mod the GPU count; without xdist GPU 0; "cpu"
     without CUDA."""

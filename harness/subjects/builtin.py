@@ -18,10 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.cache import Paging
+from harness.cache import Paging, upload
 from harness.cases import Case
 from harness.contract import cache_dtype
-from harness.devices import upload
 from harness.layer import Layer, kv_views
 from harness.subjects import Launched, SparsitySemantics, TileConfig, check_paged_views
 
