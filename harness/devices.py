@@ -47,14 +47,9 @@ def prepare_triton() -> None:
     from harness.compiles import MANAGER  # after TRITON_INTERPRET: it imports triton
 
     os.environ.setdefault("TRITON_CACHE_MANAGER", MANAGER)
-    if interpreted():
+    if os.environ.get("TRITON_INTERPRET") == "1":
         unchecked_interpreter()
         language_patched_once_per_launch()
-
-
-def interpreted() -> bool:
-    """Triton kernels run on its interpreter here, which runs a launch's programs one after another, in order."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def unchecked_interpreter() -> None:
