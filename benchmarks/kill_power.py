@@ -1,5 +1,5 @@
 """What the generated examples alone catch: each planted-bug subject and each wrong consumer over every recording, on
-the CPU, under kvconform-generated (the explicit examples off, since they alone catch most of these; no shrinking:
+the CPU (or the GPU, at its sizes: `--device cuda`), under kvconform-generated (the explicit examples off, since they alone catch most of these; no shrinking:
 an item stops at its first failing example). A subject is caught on a (release, geometry, check) where a result
 line of that item is a finding no known finding predicts. Compare two such files to show that a change to the
 strategies or budgets kept what they catch.
@@ -8,6 +8,8 @@ strategies or budgets kept what they catch.
     python benchmarks/kill_power.py --root ../before --out before.json       # the suites of another checkout
     python benchmarks/kill_power.py --only mutants --jobs 4 --workers 4      # one group; runs side by side
     python benchmarks/kill_power.py --compare before.json after.json         # counts, and every difference
+    python benchmarks/kill_power.py --only consumers --device cuda --releases default --max-examples 12 \
+        --out gpu-12.json                                                    # at the GPU's sizes and a budget
 
 Each run keeps the failing examples it stores in its own folder: a planted-bug subject is kvconform's own, whose
 regressions would otherwise go to the checkout's fixtures/regressions and run first in every later run.
@@ -26,11 +28,12 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from harness import results  # noqa: E402
+from harness import matrix, results  # noqa: E402
 
 KERNEL = "bit_identity or determinism or oracle"
 VIEWS = "split_agrees or rejects_malformed"
@@ -57,17 +60,35 @@ def caught(rows: list[results.Result]) -> tuple[list[str], list[str]]:
     return found, broken
 
 
-def run(root: Path, subject: str, checks: str, out: Path, workers: int) -> dict:
-    """One subject over every recording; what it caught."""
+@dataclass(frozen=True)
+class Setting:
+    """Where and how much a run draws: the device (its sizes, harness.strategies), the releases, and max_examples
+    in place of kvconform-generated's own (None: the profile's)."""
+
+    device: str = "cpu"
+    releases: tuple[str, ...] = ("recorded",)
+    max_examples: int | None = None
+
+    def args(self) -> list[str]:
+        """The pytest options of this setting."""
+        return ([f"--kvconform-release={r}" for r in self.releases]
+                + ([f"--kvconform-max-examples={self.max_examples}"] if self.max_examples else []))
+
+    def env(self, root: Path) -> dict[str, str]:
+        """The environment of a run: on the CPU the interpreter, the GPU hidden."""
+        device = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""} if self.device == "cpu" else {}
+        return {**os.environ, **device, "PYTHONPATH": os.pathsep.join([str(root / "examples"), str(root / "tests")])}
+
+
+def run(root: Path, subject: str, checks: str, out: Path, workers: int, setting: Setting = Setting()) -> dict:
+    """One subject over the setting's releases; what it caught."""
     folder = out / subject.replace(":", "_")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "KVCONFORM_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": os.pathsep.join([str(root / "examples"), str(root / "tests")])}
     cmd = [sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", "-p", "no:randomly", "-q",
-           "--kvconform-release=recorded", "--hypothesis-profile=kvconform-generated", f"--kvconform-subject={subject}",
+           *setting.args(), "--hypothesis-profile=kvconform-generated", f"--kvconform-subject={subject}",
            f"--kvconform-results-dir={folder}", f"--kvconform-regressions-dir={folder / 'regressions'}", "-k", checks,
            "-n", str(workers)]
     start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=root, env=setting.env(root), capture_output=True, text=True)
     seconds = time.perf_counter() - start
     rows = results.read(folder) or results.read(folder, files="results.*.jsonl")
     found, broken = caught(rows)
@@ -100,6 +121,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", default="", help=f"comma list of groups ({', '.join(GROUPS)}) or subjects")
     parser.add_argument("--jobs", type=int, default=1, help="subjects run side by side")
     parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers of each subject's run")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: Triton's interpreter at the CPU's sizes; cuda: the GPU at its sizes")
+    parser.add_argument("--releases", default="recorded",
+                        help="'recorded' (every recording), 'default' (matrix.toml's subset) or a comma list")
+    parser.add_argument("--max-examples", type=int, default=None,
+                        help="max_examples in place of kvconform-generated's (each check's budget follows from it)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
     args = parser.parse_args(argv)
     if args.compare:
@@ -116,12 +143,17 @@ def main(argv: list[str]) -> int:
         if unknown:
             parser.error(f"--only {args.only}: unknown {', '.join(unknown)}; groups: {', '.join(GROUPS)}")
         chosen = {s: k for n in names for s, k in (GROUPS[n].items() if n in GROUPS else [(n, chosen[n])])}
+    releases = (tuple(r.name for r in matrix.load() if r.default) if args.releases == "default"
+                else tuple(args.releases.split(",")))
+    setting = Setting(args.device, releases, args.max_examples)
     folder = args.out.with_suffix("")
     with ThreadPoolExecutor(args.jobs) as pool:
-        done = dict(zip(chosen, pool.map(lambda s: run(args.root.resolve(), s, chosen[s], folder, args.workers),
-                                         chosen)))
+        done = dict(zip(chosen, pool.map(
+            lambda s: run(args.root.resolve(), s, chosen[s], folder, args.workers, setting), chosen)))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"root": str(args.root), "subjects": done}, indent=1) + "\n")
+    facts = {"root": str(args.root), "device": setting.device, "releases": list(releases),
+             "max_examples": setting.max_examples}
+    args.out.write_text(json.dumps({**facts, "subjects": done}, indent=1) + "\n")
     broken = [f"{s}: {b}" for s, v in done.items() for b in v["broken"]]
     print("\n".join(["could not check:", *broken]) if broken else f"{len(done)} subjects, nothing left unchecked")
     return 1 if broken else 0

@@ -302,7 +302,7 @@ def _drawn(tmp_path, session):
         seen.append(t.example.digest())
         return trial.Outcome("rejected")
 
-    loop.Loop(session, "t", 60).run(target, checks.REJECTS_MALFORMED, record)
+    loop.Loop(session, "t", 300).run(target, checks.REJECTS_MALFORMED, record)  # a view check draws at least max_examples
     return seen
 
 

@@ -77,3 +77,18 @@ def test_the_declarations_name_no_other_module_not_even_as_a_string():
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
     strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
     assert not [s for s in strings if re.match(r"(harness|kvconform|conformance)\.\w+", s)]
+
+
+def test_a_view_check_draws_five_times_the_examples_up_to_its_most_never_fewer_than_a_kernel_check():
+    from harness import profiles
+
+    per = {name: values["max_examples"] for name, values in profiles.PROFILES.items()}
+    view, kernel = checks.SPLIT_AGREES, checks.BIT_IDENTITY
+    assert view.most == checks.REJECTS_MALFORMED.most == checks.VIEW_MOST
+    # The CPU's profiles keep their draws (kill power is measured there): five times, below the bound.
+    assert [view.budget(per[p]) for p in ("ci", "find", "generated", "dev")] == [40, 40, 40, 50]
+    # The GPU's: the bound; a profile asking more of every check gets at least that.
+    assert view.budget(per["gpu"]) == checks.VIEW_MOST and view.budget(per["nightly"]) == per["nightly"]
+    assert [kernel.budget(n) for n in (8, 60, 300)] == [8, 60, 300]
+    unbounded = checks.Check("t", launches="none")
+    assert unbounded.budget(60) == 60 * checks.CHEAP_FACTOR

@@ -1,6 +1,7 @@
 """benchmarks/kill_power.py counts an item as caught only on a new finding, flags what checked nothing, and names each
 item caught on one side only, and keeps each run's stored regressions to itself."""
 
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,3 +47,15 @@ def test_a_run_stores_its_regressions_in_its_own_folder_not_the_checkouts(tmp_pa
     monkeypatch.setattr(kill_power.results, "read", lambda *a, **k: [])
     kill_power.run(tmp_path / "root", "mutant:table_row", kill_power.KERNEL, tmp_path / "out", 2)
     assert f"--kvconform-regressions-dir={tmp_path / 'out' / 'mutant_table_row' / 'regressions'}" in seen["cmd"]
+
+
+def test_a_setting_names_its_releases_and_budget_and_hides_the_gpu_only_on_the_cpu(tmp_path):
+    cpu = kill_power.Setting()
+    assert cpu.args() == ["--kvconform-release=recorded"]
+    assert cpu.env(tmp_path)["TRITON_INTERPRET"] == "1" and cpu.env(tmp_path)["CUDA_VISIBLE_DEVICES"] == ""
+    gpu = kill_power.Setting("cuda", ("0.22.1", "0.33.0"), 300)
+    assert gpu.args() == ["--kvconform-release=0.22.1", "--kvconform-release=0.33.0", "--kvconform-max-examples=300"]
+    env = gpu.env(tmp_path)
+    assert env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+    assert env.get("TRITON_INTERPRET") == os.environ.get("TRITON_INTERPRET")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path / "examples"), str(tmp_path / "tests")]

@@ -128,9 +128,9 @@ def item_seed(seed: int, check: str, target: Target) -> int:
 
 
 def examples_per_item(check: Check, max_examples: int, mode: str = "") -> int:
-    """Generated examples of one item of `check` (its explicit ones come on top): the profile's max_examples times
-    the check's budget, shared out among the sparsity modes when its items take one mode each (the oracle's)."""
-    count = max_examples * check.budget
+    """Generated examples of one item of `check` (its explicit ones come on top): the check's budget under the
+    profile's max_examples, shared out among the sparsity modes when its items take one mode each (the oracle's)."""
+    count = check.budget(max_examples)
     return -(-count // len(SPARSITY_MODES)) if mode else count
 
 
