@@ -1,8 +1,8 @@
 """What the generated examples alone catch: each planted-bug subject and each wrong consumer over every recording, on
-the CPU (or the GPU, at its sizes: `--device cuda`), under kvconform-generated (the explicit examples off, since they alone catch most of these; no shrinking:
-an item stops at its first failing example). A subject is caught on a (release, geometry, check) where a result
-line of that item is a finding no known finding predicts. Compare two such files to show that a change to the
-strategies or budgets kept what they catch.
+the CPU (or on the GPU at its sizes: `--device cuda`), under kvconform-generated (the explicit examples off, since
+they alone catch most of these; no shrinking: an item stops at its first failing example). A subject is caught on a
+(release, geometry, check) where a result line of that item is a finding no known finding predicts. Compare two such
+files to show that a change to the strategies or budgets kept what they catch.
 
     python benchmarks/kill_power.py --out results/kill/after.json            # every subject, this checkout
     python benchmarks/kill_power.py --root ../before --out before.json       # the suites of another checkout

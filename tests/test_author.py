@@ -302,7 +302,8 @@ def _drawn(tmp_path, session):
         seen.append(t.example.digest())
         return trial.Outcome("rejected")
 
-    loop.Loop(session, "t", 300).run(target, checks.REJECTS_MALFORMED, record)  # a view check draws at least max_examples
+    # 300 generated examples: a view check draws at least max_examples.
+    loop.Loop(session, "t", 300).run(target, checks.REJECTS_MALFORMED, record)
     return seen
 
 
