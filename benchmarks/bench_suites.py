@@ -157,7 +157,7 @@ def main(argv: list[str]) -> int:
         sys.exit("bench_suites needs a CUDA device")
     figures = {} if args.no_guard else recorded(MEASUREMENTS.read_text())
     everything = ",".join(map(str, range(torch.cuda.device_count())))
-    releases = ([r.name for r in matrix.load() if r.default] if args.releases == "default"
+    releases = ([r.name for r in matrix.default()] if args.releases == "default"
                 else args.releases.split(","))
     cache = args.triton_cache or Path(tempfile.mkdtemp(prefix="kvconform-triton-"))
     cache.mkdir(parents=True, exist_ok=True)

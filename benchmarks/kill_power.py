@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
         if unknown:
             parser.error(f"--only {args.only}: unknown {', '.join(unknown)}; groups: {', '.join(GROUPS)}")
         chosen = {s: k for n in names for s, k in (GROUPS[n].items() if n in GROUPS else [(n, chosen[n])])}
-    releases = (tuple(r.name for r in matrix.load() if r.default) if args.releases == "default"
+    releases = (tuple(r.name for r in matrix.default()) if args.releases == "default"
                 else tuple(args.releases.split(",")))
     setting = Setting(args.device, releases, args.max_examples)
     folder = args.out.with_suffix("")
