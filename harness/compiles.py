@@ -210,6 +210,7 @@ def _warm_shard(job: tuple[str, list[Case], Contract, str]) -> tuple[Counts, lis
     from harness.subjects import load_subject
 
     subject_name, shard, contract, device = job
+    before = counts()  # a pool process runs several jobs: this job's counts are what it adds
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     subject = load_subject(subject_name)
@@ -224,4 +225,5 @@ def _warm_shard(job: tuple[str, list[Case], Contract, str]) -> tuple[Counts, lis
                 torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - a warm-up never decides an outcome; the examples do
             errors.append(f"{case!r}: {type(e).__name__}: {e}"[:300])
-    return counts(), errors
+    after = counts()
+    return Counts(after.compiled - before.compiled, after.loaded - before.loaded), errors

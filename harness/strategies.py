@@ -111,20 +111,20 @@ CPU = Sizes(head_dims=(64, 80), block_sizes=(16, 32, 64), dtypes=("float16", "bf
             groups=(1, 2, 4), nm_groups=(4, 8), max_seqs=3, long_len=100,
             diff_kv_dims=((64, 32), (64, 96), (80, 48)), oracle_work=3 * 100 * 100 * 8)  # any case: never binds
 # H200: realistic shapes (32 heads / 8 kv heads / dim 128, KV up to 8k, batches of 8+). One head dim and one N:M
-# group size: the built-in kernel has ~100 constexpr variants per head dim (dtype, causal, mode, tile, paged, split),
-# each a compile of seconds; the other head dims are covered on the CPU. Diff-KV: K 192 / V 128 as the diff-KV
-# models use it, and K 128 / V 64 and K 128 / V 192 at the block size 128. The oracle's cases at most 2^27 scores,
-# about 0.2 s of its float64 work on an H200 (an unbounded one averages 1.6 s): an 8k prefill of 2 heads, one of
-# 1,448 tokens at 64 heads, a batch of long decodes at any heads.
+# group size: the built-in kernel has 30 constexpr variants per head dim and K/V element type (mode, tile, paged and
+# its block sizes), each a compile of about a second; the other head dims are covered on the CPU. Diff-KV: K 192 /
+# V 128 as the diff-KV models use it, and K 128 / V 64 and K 128 / V 192 at the block size 128. The oracle's cases at
+# most 2^27 scores, about 0.2 s of its float64 work on an H200 (an unbounded one averages 1.6 s): an 8k prefill of 2
+# heads, one of 1,448 tokens at 64 heads, a batch of long decodes at any heads.
 GPU = Sizes(head_dims=(128,), block_sizes=(16, 32, 64, 128), dtypes=("float16", "bfloat16"),
             kv_heads=(1, 2, 8), groups=(1, 4, 8), nm_groups=(4,), max_seqs=12, long_len=8192,
             diff_kv_dims=((128, 64), (128, 192), (192, 128)), oracle_work=2**27)
 
 SEQUENCE_KINDS = ("prefill", "chunked", "decode")
 SKIP_THRESHOLDS = (0.05, 0.3, 0.7, 0.95)
-# (q_len, kv_len) of the warm-up: decode and prefill, each short (one key tile: no split-KV) and long enough to
-# split, so that every tile config and split choice a drawn case can meet is compiled.
-WARMUP_SHAPES = ((1, 1), (1, 256), (32, 32), (256, 256))
+# (q_len, kv_len) of the warm-up: decode and prefill, each long enough to split the keys, so that every tile config
+# a drawn case can meet is compiled, and the kernel that merges split partials.
+WARMUP_SHAPES = ((1, 256), (256, 256))
 
 
 # A strategy is a value: each builder below is built once per argument set and then reused. Hypothesis validates a
@@ -258,9 +258,9 @@ def within(q_lens: tuple[int, ...], kv_lens: tuple[int, ...], num_heads: int, wo
 
 
 def warmup_shards(sizes: Sizes) -> list[list[Case]]:
-    """Small cases spanning every compile-time choice `cases(sizes)` can draw (head dim, block size, dtype, causal,
-    sparsity mode and parameters, decode/prefill tiles with and without split-KV), grouped so that cases differing
-    only in what a subject may compile once (block size, sparsity parameters) share a shard."""
+    """Small cases spanning every compile-time choice `cases(sizes)` can draw (head dim, block size, dtype, sparsity
+    mode and parameters, decode/prefill tiles, split-KV), grouped so that cases differing only in what a subject may
+    compile once (block size, sparsity parameters, causal) share a shard."""
     # N:M first: its kernels take longest to compile, and a pool handing out shards in order then ends evenly.
     sparsities = {"nm": [Sparsity("nm", n=n, m=m) for m in sizes.nm_groups for n in range(1, m)],
                   "skip_softmax": [Sparsity("skip_softmax", threshold=t) for t in SKIP_THRESHOLDS],
@@ -269,10 +269,9 @@ def warmup_shards(sizes: Sizes) -> list[list[Case]]:
     for group in sparsities.values():
         for head_dim in sizes.head_dims:
             for dtype in sizes.dtypes:
-                for causal in (True, False):
-                    for q, kv in WARMUP_SHAPES:
-                        shards.append([Case((q,), (kv,), 1, 1, head_dim, block_size, dtype, causal, sp)
-                                       for block_size in sizes.block_sizes for sp in group])
+                for q, kv in WARMUP_SHAPES:
+                    shards.append([Case((q,), (kv,), 1, 1, head_dim, block_size, dtype, causal, sp)
+                                   for block_size in sizes.block_sizes for sp in group for causal in (True, False)])
     return shards
 
 

@@ -172,17 +172,31 @@ def test_the_cache_layer_counts_compiles_and_loads_apart(tmp_path, monkeypatch):
     assert compiles.counts() == compiles.Counts(before.compiled + 1, before.loaded + 1)
 
 
+def small_shards(shards: int, cases: int) -> list[list[Case]]:
+    """The first cases of the first CPU warm-up shards, at one short sequence (the interpreter is slow)."""
+    return [[dataclasses.replace(c, q_lens=(1,), kv_lens=(16,)) for c in shard[:cases]]
+            for shard in warmup_shards(CPU)[:shards]]
+
+
 def test_the_warm_up_runs_the_subject_in_parallel_processes():
     # On the CPU nothing compiles (the interpreter), but every case must run through both forwards without error.
-    shards = [[c for c in shard if max(c.kv_lens) <= 32][:2] for shard in warmup_shards(CPU)[:4]]
+    shards = small_shards(4, 2)
     done = compiles.warm("builtin", shards, [families()[4]], ["cpu"], 2)
     assert done.errors == () and done.cases == sum(map(len, shards)) and done.processes == 2
     assert done.counts == compiles.Counts(0, 0)
 
 
+def test_a_warm_up_job_counts_what_it_compiled_not_what_its_process_did_before(monkeypatch):
+    # A pool process runs many jobs: summing its running totals counted its first job's compiles again in each one.
+    monkeypatch.setitem(compiles._counts, "compiled", 7)
+    monkeypatch.setitem(compiles._counts, "loaded", 3)
+    counts, errors = compiles._warm_shard(("builtin", small_shards(1, 1)[0], families()[4], "cpu"))
+    assert errors == [] and counts == compiles.Counts(0, 0)
+
+
 def test_a_finished_warm_up_is_not_repeated_in_the_same_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(compiles.triton.knobs.cache, "dir", str(tmp_path))
-    shards = [[c for c in shard if max(c.kv_lens) <= 32][:1] for shard in warmup_shards(CPU)[:2]]
+    shards = small_shards(2, 1)
     subject = load_subject("builtin")
     key = compiles.fingerprint(subject, shards, [families()[4]], ["cpu"])
     assert key != compiles.fingerprint(subject, shards[:1], [families()[4]], ["cpu"])  # other cases, another warm-up
@@ -260,7 +274,7 @@ def test_the_sass_benchmark_counts_the_key_tile_loop():
 
 def test_the_warm_up_runs_behind_and_kernel_items_wait_for_its_end(tmp_path, monkeypatch):
     monkeypatch.setattr(compiles.triton.knobs.cache, "dir", str(tmp_path / "triton"))
-    small = [[c for c in shard if max(c.kv_lens) <= 32][:1] for shard in warmup_shards(CPU)[:2]]
+    small = small_shards(2, 1)
     monkeypatch.setattr(warmup, "warmup_shards", lambda sizes: small)
     s = sessions.start("builtin", ["0.25.1"], fixtures.ROOT, tmp_path, tmp_path, findings.DIRECTORY, "cpu", "w", "",
                      run="behind")

@@ -53,7 +53,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 ALIGN = tl.constexpr(16)
 RUNTIME_INTS = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_kn", "stride_kh",
                 "stride_vb", "stride_vn", "stride_vh", "stride_table", "num_heads", "group", "q_tiles", "num_splits",
-                "total_rows", "nm_n", "sink", "recent")
+                "total_rows", "causal", "nm_n", "sink", "recent")
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
@@ -61,11 +61,10 @@ def _attn_fwd(
     q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, stats_ptr, table_ptr, cu_q_ptr, cu_kv_ptr, kv_len_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_table,
-    num_heads, group, q_tiles, num_splits, total_rows,
+    num_heads, group, q_tiles, num_splits, total_rows, causal,
     scale_log2, log2_threshold, nm_n, sink, recent,
-    PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, NM_M: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_F32: tl.constexpr,
+    PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr, MODE: tl.constexpr, NM_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     seq = tl.program_id(0) // q_tiles
     q_tile = tl.program_id(0) % q_tiles
@@ -88,11 +87,14 @@ def _attn_fwd(
     q_rows = tl.multiple_of(q_rows, ALIGN)
     q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
-    if CAUSAL:
+    # Causality is a runtime flag, not a constexpr, so that one compiled variant serves both: a row sees keys up to
+    # `seen` (its position; every key without causality).
+    hi = kv_len
+    seen = tl.zeros_like(q_pos) + kv_len
+    if causal != 0:
         last_tok = tl.minimum((q_tile * BLOCK_M + BLOCK_M - 1) // group, q_len - 1)
         hi = tl.minimum(kv_len, kv_len - q_len + last_tok + 1)
-    else:
-        hi = kv_len
+        seen = q_pos
     n_tiles = tl.cdiv(hi, BLOCK_N)
     per_split = tl.cdiv(n_tiles, num_splits)
     tile_lo = split * per_split
@@ -135,8 +137,7 @@ def _attn_fwd(
         k = tl.load(k_ptr + k_rows[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(q.dtype)
         s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_F32) * scale_log2
         valid = row_ok[:, None] & n_ok[None, :]
-        if CAUSAL:
-            valid = valid & (n[None, :] <= q_pos[:, None])
+        valid = valid & (n[None, :] <= seen[:, None])
         if MODE == 2:
             valid = _nm_keep(s, valid, n, q_pos, nm_n, sink, recent, BLOCK_M, BLOCK_N, NM_M)
         s = tl.where(valid, s, float("-inf"))
@@ -162,7 +163,7 @@ def _attn_fwd(
         m_i = m_new
 
     out_rows = (q_start + tok).to(tl.int64) * num_heads + head
-    if SPLIT:
+    if num_splits > 1:
         part = split * total_rows + out_rows
         tl.store(part_ptr + part[:, None] * D_PAD + d[None, :], acc, mask=row_ok[:, None])
         tl.store(stats_ptr + part * 2, m_i, mask=row_ok)
@@ -377,9 +378,9 @@ def constexprs(case: Case, tile: TileConfig, paged: bool) -> dict[str, int | boo
     return dict(
         # The page size is compile-time (16 values) so splitting a key index into page and offset is a shift or a
         # multiply per key, not a runtime integer division.
-        PAGED=paged, BLOCK_SIZE=case.block_size if paged else 1, CAUSAL=case.causal, MODE=MODES[sp.mode],
+        PAGED=paged, BLOCK_SIZE=case.block_size if paged else 1, MODE=MODES[sp.mode],
         NM_M=sp.m if sp.mode == "nm" else 1, HEAD_DIM=case.head_dim, D_PAD=triton.next_power_of_2(case.head_dim),
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, SPLIT=num_splits(case, tile) > 1,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
         DOT_F32=case.dtype == "float32" or (case.dtype == "bfloat16" and INTERPRETED),
     )
 
@@ -407,8 +408,8 @@ def launch(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table:
     if splits > 1:
         part = torch.empty((splits, total_rows, d_pad), dtype=torch.float32, device=dev)
         stats = torch.empty((splits, total_rows, 2), dtype=torch.float32, device=dev)
-    else:
-        part = stats = out
+    else:  # never written; float32 like the split buffers, so that splitting is no compile-time choice
+        part = stats = torch.empty(1, dtype=torch.float32, device=dev)
     q_tiles = -(-max(case.q_lens) * group // tile.block_m)
     if paged:
         kb, kn, kh = k.stride(0), k.stride(1), k.stride(2)
@@ -424,7 +425,7 @@ def launch(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table:
         q, k, v, out, part, stats, table_arg, cu_q, cu_kv, kv_lens,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kb, kn, kh, vb, vn, vh, stride_table,
-        case.num_heads, group, q_tiles, splits, total_rows,
+        case.num_heads, group, q_tiles, splits, total_rows, int(case.causal),
         case.scale * log2e, math.log2(threshold), sp.n, sp.sink, sp.recent,
         **constexprs(case, tile, paged), num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
@@ -451,8 +452,7 @@ def compiled(case: Case, tile: TileConfig, paged: bool, kv_dtype: torch.dtype, a
     cx = constexprs(case, tile, paged)
     names = [p.name for p in _attn_fwd.params]
     model, kv = TRITON_TYPES[case.torch_dtype], TRITON_TYPES[kv_dtype]
-    partial = "fp32" if cx["SPLIT"] else model
-    types = {"q_ptr": model, "k_ptr": kv, "v_ptr": kv, "out_ptr": model, "part_ptr": partial, "stats_ptr": partial}
+    types = {"q_ptr": model, "k_ptr": kv, "v_ptr": kv, "out_ptr": model, "part_ptr": "fp32", "stats_ptr": "fp32"}
     sig = {n: "constexpr" if p.is_constexpr else
            "fp32" if n in ("scale_log2", "log2_threshold") else
            "*" + types.get(n, "i32") if n.endswith("_ptr") else "i32"
