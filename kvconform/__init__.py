@@ -146,8 +146,10 @@ class KvconformPlugin:
         _check_options(config)
         worker = self.worker
         self.run = config.workerinput["kvconform_run"] if worker else results.new_run_id()
-        device = devices.settle(worker, int(config.workerinput["workercount"]) if worker else 1,
-                                bool(getattr(config.option, "numprocesses", None)))
+        starts = getattr(config.option, "numprocesses", None)
+        device = devices.settle(worker, int(config.workerinput["workercount"]) if worker else 1, bool(starts))
+        if not worker and isinstance(starts, int) and starts > 0:
+            devices.share_blas(starts)
         if not config.getoption("hypothesis_profile", None):  # hypothesis' own option wins
             try:
                 profiles.load(device)

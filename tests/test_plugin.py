@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from harness import fixtures
+from harness import devices, fixtures
 
 pytest_plugins = ["pytester"]
 
@@ -286,6 +286,32 @@ def pytest_configure(config):  # after xdist's: what it made of -n, then stop be
     print("XDIST", config.option.numprocesses, config.option.dist, len(getattr(config.option, "tx", None) or []))
     pytest.exit("configured", 0)
 '''
+
+
+REPORTS_BLAS = '''
+import os
+import pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):  # after every pytest_configure, before xdist starts its workers
+    print("BLAS", os.environ.get("OPENBLAS_NUM_THREADS"))
+    pytest.exit("configured", 0)
+'''
+
+
+@pytest.mark.parametrize("args, env, want", [(("-n", "2"), None, f"BLAS {devices.cpu_share(2)}"),
+                                             (("-n", "2"), "3", "BLAS 3"), (("-n", "0"), None, "BLAS None")])
+def test_workers_get_their_share_of_the_cpus_for_numpys_blas(host, monkeypatch, args, env, want):
+    # Workers inherit the variable from the process that starts them; a value the user set is kept.
+    if env is None:
+        monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OPENBLAS_NUM_THREADS", env)
+    host.makepyfile(reports_blas=REPORTS_BLAS)
+    done = host.runpytest_subprocess("-p", "kvconform", "-p", "reports_blas", "--pyargs", "kvconform.suites",
+                                     "--kvconform-release=0.33.0", "-p", "no:cacheprovider", *args)
+    assert want in done.stdout.str(), done.stdout.str()[-2000:]
 
 
 @pytest.mark.parametrize("args, want", [((), "XDIST 6 load 6"), (("-n", "0"), "XDIST 0 no 0"),
