@@ -50,6 +50,8 @@ def prepare_triton() -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         unchecked_interpreter()
         language_patched_once_per_launch()
+        language_shapes_kept()
+        numpy_types_kept()
 
 
 def unchecked_interpreter() -> None:
@@ -63,6 +65,71 @@ def unchecked_interpreter() -> None:
     options = getattr(builder, "options", None)
     if options is not None and getattr(options, "sanitize_overflow", False) and not options.debug:
         builder.options = dataclasses.replace(options, sanitize_overflow=False)
+
+
+def language_shapes_kept() -> None:
+    """Triton's language types keeping what they make of a shape. Every interpreted op makes its result's block type
+    and tensor, each unwrapping, validating and wrapping the shape again into new Triton tuples and constexprs: a
+    third of an interpreted kernel's time. A block type of a shape seen before takes that shape's values, a tensor of
+    such a type its tensor shape; they are equal values, never changed after they are made. Left as it is where
+    the language is not built this way."""
+    import triton.language.core as core
+
+    block, tensor = core.block_type, core.tensor
+    if getattr(block.__init__, "shapes_kept", False) or not hasattr(core, "_unwrap_shape"):
+        return
+    block_init, tensor_init = block.__init__, tensor.__init__
+    kept: dict[tuple, tuple] = {}  # the shape as given -> (shape, numel) of its block type
+    wrapped: dict[int, tuple] = {}  # id of a kept block shape -> (shape, numel) of a tensor of that type
+    names: dict[tuple, str] = {}  # (id of a kept block shape, element type) -> the block type's name
+
+    def block_type_init(self, element_ty, shape):
+        key = tuple(shape) if isinstance(shape, (list, tuple, core.tuple)) else None
+        known = kept.get(key) if key is not None else None
+        if known is None:
+            block_init(self, element_ty, shape)
+            if key is not None:
+                kept[key] = (self.shape, self.numel)
+                wrapped[id(self.shape)] = (core.tuple([core.constexpr(d) for d in self.shape]),
+                                           core.constexpr(self.numel))
+            return
+        self.element_ty = element_ty
+        self.shape, self.numel = known
+        name = (id(self.shape), str(element_ty))
+        self.name = names.get(name) or names.setdefault(name, f"<{self.shape}, {element_ty}>")
+
+    def tensor_type_init(self, handle, type):
+        known = wrapped.get(id(type.shape)) if type.is_block() else None
+        if known is None:
+            return tensor_init(self, handle, type)
+        self.handle, self.type, self.dtype = handle, type, type.scalar
+        self.shape, self.numel = known
+
+    block_type_init.shapes_kept = True
+    block.__init__, tensor.__init__ = block_type_init, tensor_type_init
+
+
+def numpy_types_kept() -> None:
+    """Triton's interpreter looking up the numpy type of a Triton type in one table. It builds its table of 18 numpy
+    types again at each lookup, and most interpreted ops look one up. Left as it is where the interpreter is not
+    built this way."""
+    from triton.runtime import interpreter
+    import triton.language as tl
+
+    lookup = getattr(interpreter, "_get_np_dtype", None)
+    if lookup is None or getattr(lookup, "kept", False):
+        return
+    table: dict = {}
+
+    def np_dtype(tt_dtype):
+        scalar = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        if isinstance(scalar, tl.pointer_type):
+            return lookup(scalar)
+        found = table.get(scalar)
+        return found if found is not None else table.setdefault(scalar, lookup(scalar))
+
+    np_dtype.kept = True
+    interpreter._get_np_dtype = np_dtype
 
 
 def language_patched_once_per_launch() -> None:

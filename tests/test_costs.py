@@ -5,6 +5,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -185,3 +186,47 @@ def test_the_interpreter_patching_its_language_once_per_launch_computes_the_same
         launch(fail=1)
     patches.clear()
     assert torch.equal(launch(), once) and len(patches) == 2  # the failed launch restored its patching: redone
+
+
+def test_the_interpreter_keeping_shapes_and_numpy_types_computes_the_same_values(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter's language types: a CPU-only test")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import triton
+    import triton.language as tl
+    import triton.language.core as core
+    from triton.runtime import interpreter
+
+    @triton.jit
+    def mixed(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
+        rows, cols = tl.arange(0, BLOCK)[:, None], tl.arange(0, BLOCK)[None, :]
+        x = tl.load(x_ptr + rows * BLOCK + cols).to(tl.float32)  # bf16 in
+        y = tl.load(y_ptr + rows * BLOCK + cols).to(tl.float32)  # fp16 in
+        s = tl.dot(x, tl.trans(y), input_precision="ieee")
+        out = tl.where((rows + cols) % 3 != 0, s, 0.0) + tl.sum(x, axis=1)[:, None]
+        tl.store(out_ptr + rows * BLOCK + cols, out.to(tl.bfloat16))
+
+    x, y = torch.randn(16, 16).bfloat16(), torch.randn(16, 16).half()
+
+    def launch() -> torch.Tensor:
+        out = torch.empty(16, 16, dtype=torch.bfloat16)
+        mixed[(1,)](x, y, out, BLOCK=16)
+        return out
+
+    for owner, name in ((core.block_type, "__init__"), (core.tensor, "__init__"), (interpreter, "_get_np_dtype")):
+        monkeypatch.setattr(owner, name, getattr(owner, name))  # restored after the test
+    made_anew = core.block_type.__init__
+    before = launch()
+    devices.language_shapes_kept()
+    devices.numpy_types_kept()
+    assert core.block_type.__init__.shapes_kept and interpreter._get_np_dtype.kept
+    after = launch()
+    assert torch.equal(after.view(torch.int16), before.view(torch.int16)) and torch.equal(launch(), after)
+    # A shape seen before gives what the language makes of it, whatever the element type and however it is given.
+    for element, shape in ((tl.float32, [4, 8]), (tl.float16, [4, 8]), (tl.int1, [core.constexpr(4), 8]),
+                           (tl.pointer_type(tl.bfloat16), [4, 8])):
+        kept, anew = core.block_type(element, shape), core.block_type.__new__(core.block_type)
+        made_anew(anew, element, shape)
+        assert (kept == anew and kept.name == anew.name and kept.numel == anew.numel
+                and list(core.tensor(None, kept).shape) == list(core.tensor(None, anew).shape))
+    assert interpreter._get_np_dtype(core.block_type(tl.bfloat16, [4])) == np.uint16
