@@ -70,40 +70,44 @@ def unchecked_interpreter() -> None:
 def language_shapes_kept() -> None:
     """Triton's language types keeping what they make of a shape. Every interpreted op makes its result's block type
     and tensor, each unwrapping, validating and wrapping the shape again into new Triton tuples and constexprs: a
-    third of an interpreted kernel's time. A block type of a shape seen before takes that shape's values, a tensor of
-    such a type its tensor shape; they are equal values, never changed after they are made. Left as it is where
+    third of an interpreted kernel's time. The first block type of a shape, and the first tensor of such a block
+    type, are made as the language makes them; a later one takes their attributes but its element type (and the
+    name it gives it) or its handle and type. They are equal values, never changed after they are made. A shape
+    whose block type names itself otherwise than `<shape, element type>` is always made anew; left as it is where
     the language is not built this way."""
     import triton.language.core as core
 
     block, tensor = core.block_type, core.tensor
-    if getattr(block.__init__, "shapes_kept", False) or not hasattr(core, "_unwrap_shape"):
+    if getattr(block.__init__, "shapes_kept", False) or not all(hasattr(core, n) for n in ("tuple", "_unwrap_shape")):
         return
     block_init, tensor_init = block.__init__, tensor.__init__
-    kept: dict[tuple, tuple] = {}  # the shape as given -> (shape, numel) of its block type
-    wrapped: dict[int, tuple] = {}  # id of a kept block shape -> (shape, numel) of a tensor of that type
+    blocks: dict[tuple, dict] = {}  # the shape as given -> a block type's attributes but its element type and name
+    tensors: dict[int, dict] = {}  # id of a kept block shape -> a tensor's attributes but its handle, type, dtype
     names: dict[tuple, str] = {}  # (id of a kept block shape, element type) -> the block type's name
 
     def block_type_init(self, element_ty, shape):
-        key = tuple(shape) if isinstance(shape, (list, tuple, core.tuple)) else None
-        known = kept.get(key) if key is not None else None
+        key = tuple(shape) if isinstance(shape, (list, core.tuple)) else None
+        known = blocks.get(key) if key is not None else None
         if known is None:
             block_init(self, element_ty, shape)
-            if key is not None:
-                kept[key] = (self.shape, self.numel)
-                wrapped[id(self.shape)] = (core.tuple([core.constexpr(d) for d in self.shape]),
-                                           core.constexpr(self.numel))
+            if key is not None and self.name == f"<{self.shape}, {element_ty}>":
+                blocks[key] = {k: v for k, v in vars(self).items() if k not in ("element_ty", "name")}
+                tensors[id(self.shape)] = {}
             return
+        self.__dict__.update(known)
         self.element_ty = element_ty
-        self.shape, self.numel = known
         name = (id(self.shape), str(element_ty))
         self.name = names.get(name) or names.setdefault(name, f"<{self.shape}, {element_ty}>")
 
     def tensor_type_init(self, handle, type):
-        known = wrapped.get(id(type.shape)) if type.is_block() else None
-        if known is None:
-            return tensor_init(self, handle, type)
+        known = tensors.get(id(type.shape)) if type.is_block() else None
+        if not known:
+            tensor_init(self, handle, type)
+            if known is not None:  # the first tensor of a kept shape
+                known.update({k: v for k, v in vars(self).items() if k not in ("handle", "type", "dtype")})
+            return
+        self.__dict__.update(known)
         self.handle, self.type, self.dtype = handle, type, type.scalar
-        self.shape, self.numel = known
 
     block_type_init.shapes_kept = True
     block.__init__, tensor.__init__ = block_type_init, tensor_type_init
