@@ -62,6 +62,9 @@ class Counts:
     def __add__(self, other: Counts) -> Counts:
         return Counts(self.compiled + other.compiled, self.loaded + other.loaded)
 
+    def __sub__(self, other: Counts) -> Counts:
+        return Counts(self.compiled - other.compiled, self.loaded - other.loaded)
+
 
 def counts() -> Counts:
     """This process's counts so far."""
@@ -225,5 +228,4 @@ def _warm_shard(job: tuple[str, list[Case], Contract, str]) -> tuple[Counts, lis
                 torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - a warm-up never decides an outcome; the examples do
             errors.append(f"{case!r}: {type(e).__name__}: {e}"[:300])
-    after = counts()
-    return Counts(after.compiled - before.compiled, after.loaded - before.loaded), errors
+    return counts() - before, errors

@@ -192,13 +192,15 @@ def cpu_share(workers: int) -> int:
     return max(1, len(os.sched_getaffinity(0)) // workers)
 
 
-def share_blas(workers: int) -> None:
-    """Before starting `workers` test processes: numpy's BLAS (OpenBLAS) in each sized to its share of the CPUs, as
-    `settle` sizes torch's, unless OPENBLAS_NUM_THREADS is set. The interpreter's dots run on numpy, whose OpenBLAS
+def share_blas(workers: object) -> None:
+    """Before starting `workers` test processes (xdist's worker count; anything but a positive count starts none):
+    numpy's BLAS (OpenBLAS) in each sized to its share of the CPUs, as `settle` sizes torch's, unless
+    OPENBLAS_NUM_THREADS is set. The interpreter's dots run on numpy, whose OpenBLAS
     otherwise starts a thread per CPU in every worker, the workers' threads then waiting on each other: on 2 CPUs,
     two workers' kernel checks ran 2.3 to 2.9 times slower. OpenBLAS reads the variable as numpy loads it, so it is
     set in the process that starts the workers."""
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(cpu_share(workers)))
+    if isinstance(workers, int) and workers > 0:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", str(cpu_share(workers)))
 
 
 def worker_device(worker: str | None) -> str:

@@ -148,7 +148,7 @@ class KvconformPlugin:
         self.run = config.workerinput["kvconform_run"] if worker else results.new_run_id()
         starts = getattr(config.option, "numprocesses", None)
         device = devices.settle(worker, int(config.workerinput["workercount"]) if worker else 1, bool(starts))
-        if not worker and isinstance(starts, int) and starts > 0:
+        if not worker:
             devices.share_blas(starts)
         if not config.getoption("hypothesis_profile", None):  # hypothesis' own option wins
             try:

@@ -119,13 +119,20 @@ def test_a_flush_inside_an_item_writes_what_is_pending(tmp_path):
     assert len(path.read_text().splitlines()) == 1
 
 
-def test_the_interpreter_without_its_overflow_checks_computes_the_same_values(monkeypatch):
+@pytest.fixture
+def interpreter(monkeypatch):
+    """Triton's interpreter module, for a kernel decorated inside the test (it reads TRITON_INTERPRET then)."""
     if torch.cuda.is_available():
-        pytest.skip("the interpreter's options: a CPU-only test")
+        pytest.skip("Triton's interpreter: a CPU-only test")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from triton.runtime import interpreter
+
+    return interpreter
+
+
+def test_the_interpreter_without_its_overflow_checks_computes_the_same_values(monkeypatch, interpreter):
     import triton
     import triton.language as tl
-    from triton.runtime import interpreter
 
     @triton.jit
     def wrap(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
@@ -147,13 +154,9 @@ def test_the_interpreter_without_its_overflow_checks_computes_the_same_values(mo
 
 
 
-def test_the_interpreter_patching_its_language_once_per_launch_computes_the_same_values(monkeypatch):
-    if torch.cuda.is_available():
-        pytest.skip("the interpreter's patching: a CPU-only test")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def test_the_interpreter_patching_its_language_once_per_launch_computes_the_same_values(monkeypatch, interpreter):
     import triton
     import triton.language as tl
-    from triton.runtime import interpreter
 
     @triton.jit
     def reduce_rows(x_ptr, out_ptr, BLOCK: tl.constexpr, FAIL: tl.constexpr):
@@ -188,14 +191,10 @@ def test_the_interpreter_patching_its_language_once_per_launch_computes_the_same
     assert torch.equal(launch(), once) and len(patches) == 2  # the failed launch restored its patching: redone
 
 
-def test_the_interpreter_keeping_shapes_and_numpy_types_computes_the_same_values(monkeypatch):
-    if torch.cuda.is_available():
-        pytest.skip("the interpreter's language types: a CPU-only test")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def test_the_interpreter_keeping_shapes_and_numpy_types_computes_the_same_values(monkeypatch, interpreter):
     import triton
     import triton.language as tl
     import triton.language.core as core
-    from triton.runtime import interpreter
 
     @triton.jit
     def mixed(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
