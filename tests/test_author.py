@@ -14,16 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+from hypothesis import settings
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from hypothesis import settings  # noqa: E402
-
-from harness import checks, findings, fixtures, profiles, strategies  # noqa: E402
-from harness.run import draws, loop, session as sessions, targets as targeting, trial  # noqa: E402
-from kvconform.suites import test_malformed, test_relayout, test_split  # noqa: E402
+from harness import checks, findings, fixtures, profiles, strategies
+from harness.run import draws, loop, session as sessions, targets as targeting, trial
+from kvconform.suites import test_malformed, test_relayout, test_split
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import offloader  # noqa: E402

@@ -12,26 +12,20 @@ suites run it.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
+from harness import checks, findings, fixtures
+from harness.run import loop, session as sessions, targets as targeting
+from harness.run.regressions import Regression
+from harness.cases import Case
+from harness.contract import views
+from harness.layer import Layer
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported (harness.compiles imports it)
-
-from harness import checks, findings, fixtures  # noqa: E402
-from harness.run import loop, session as sessions, targets as targeting  # noqa: E402
-from harness.run.regressions import Regression  # noqa: E402
-from harness.cases import Case  # noqa: E402
-from harness.contract import views  # noqa: E402
-from harness.layer import Layer  # noqa: E402
-
-from harness.strategies import Example  # noqa: E402
-from kvconform.suites import test_relayout, test_split, test_transfer  # noqa: E402
+from harness.strategies import Example
+from kvconform.suites import test_relayout, test_split, test_transfer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from breakages import (diffkv_v_width, dynamo_12750, flexkv_187, fp8_type, kvcached_424,  # noqa: E402

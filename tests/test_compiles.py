@@ -1,6 +1,7 @@
 """Compiles are bounded and counted: the built-in kernel specialises on its declared constexprs and dtypes only,
 the warm-up cases span every variant an example can draw, and the cache layer counts compiles and loads apart."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -8,24 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are defined; warm-up processes inherit it
-
-import dataclasses  # noqa: E402
-
-import pytest  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from harness import checks, compiles, findings, fixtures  # noqa: E402
-from harness.run import draws, session as sessions, targets as targeting, warmup  # noqa: E402
-from harness.cases import Case  # noqa: E402
-from harness.contract import cache_dtype, families  # noqa: E402
-from harness.strategies import CPU, GPU, examples, warmup_shards  # noqa: E402
-from harness.subjects import builtin, load_subject  # noqa: E402
-from harness.subjects.builtin import BuiltinSubject  # noqa: E402
+from harness import checks, compiles, findings, fixtures
+from harness.run import draws, session as sessions, targets as targeting, warmup
+from harness.cases import Case
+from harness.contract import cache_dtype, families
+from harness.strategies import CPU, GPU, examples, warmup_shards
+from harness.subjects import builtin, load_subject
+from harness.subjects.builtin import BuiltinSubject
 
 REPO = Path(__file__).resolve().parent.parent
 SUBJECT = BuiltinSubject()
