@@ -72,7 +72,17 @@ def pytest_cmdline_main(config: pytest.Config):
         plugin = KvconformPlugin(config)
         config.pluginmanager.register(plugin, PLUGIN)
         plugin.size_xdist()
+        _show_skip_reasons(config)
     return (yield)
+
+
+def _show_skip_reasons(config: pytest.Config) -> None:
+    """A skipped item's reason is what it did not check (examples not run, unsupported by the subject): the short
+    summary lists skips with their reasons unless -r already does (s, a, A) or turns the summary off (N). Set before
+    the terminal reporter reads -r in its pytest_configure."""
+    chars = config.option.reportchars
+    if not set(chars) & set("saAN"):
+        config.option.reportchars = chars + "s"
 
 
 def _worker(config: pytest.Config) -> str | None:
@@ -113,6 +123,7 @@ class KvconformPlugin:
         self.session = None  # harness.run.session.Session, from pytest_configure
         self.warming = None  # harness.run.warmup.Warming in the controller that started one; True in its workers
         self.run = ""  # this run's id: made by the controller, handed to its xdist workers
+        self.command = ""  # what starts pytest in the commands this run prints (harness.run.session.pytest_command)
         self.not_applicable: set = set()  # the checks (harness.checks) the subject lacks a capability for
         self.failures = 0  # new findings this process has reported (the first FULL_FAILURES in full)
 
@@ -146,6 +157,8 @@ class KvconformPlugin:
         _check_options(config)
         worker = self.worker
         self.run = config.workerinput["kvconform_run"] if worker else results.new_run_id()
+        # The controller's interpreter and its options: an xdist worker is started without them.
+        self.command = config.workerinput["kvconform_command"] if worker else sessions.pytest_command()
         starts = getattr(config.option, "numprocesses", None)
         device = devices.settle(worker, int(config.workerinput["workercount"]) if worker else 1, bool(starts))
         if not worker:
@@ -174,9 +187,14 @@ class KvconformPlugin:
                 regressions, Path(config.getoption("kvconform_known_findings") or findings.DIRECTORY), device,
                 f"{self.run}-{worker or 'main'}", " ".join(shlex.quote(a) for a in args),
                 tuple(config.getoption("kvconform_backend")), tuple(config.getoption("kvconform_cache_dtype")),
-                self.run)
+                self.run, self.command)
         except ValueError as e:
             raise pytest.UsageError(str(e)) from None
+        from harness.run import regressions
+
+        gone = None if worker else regressions.missing(session, config.option.keyword)
+        if gone:
+            raise pytest.UsageError(gone)
         session.say = _say(config)
         if worker and config.workerinput.get("kvconform_warming"):
             self.warming = True
@@ -188,12 +206,15 @@ class KvconformPlugin:
     def pytest_configure_node(self, node) -> None:
         """Hand this run's id to a starting xdist worker: its lines belong to the controller's run."""
         node.workerinput["kvconform_run"] = self.run
+        node.workerinput["kvconform_command"] = self.command
         node.workerinput["kvconform_warming"] = self.warming is not None
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
-        """A failing run stays readable: each process shows its first FULL_FAILURES new findings in full (traceback,
-        the shrunk example), every later one as its finding and REPRO line alone; the result lines hold them all."""
+        """A failing run stays readable: each process shows its first FULL_FAILURES new findings in full, every
+        later one as its finding and REPRO line alone; the result lines hold them all. In full (unless --tb or
+        --full-trace asks otherwise) is the subject's own frames where it raised, the suite's line and kvconform's
+        verdict with the shrunk example: the harness's frames between them say nothing of the subject."""
         report = yield
         from harness.run.loop import NewFinding
 
@@ -202,20 +223,25 @@ class KvconformPlugin:
             if self.failures > FULL_FAILURES:
                 report.longrepr = (f"{call.excinfo.value}\n(new finding {self.failures} of this process, shown short; "
                                    f"every result line is in {self.session.results_dir})")
+            elif item.config.getoption("tbstyle") == "auto" and not item.config.getoption("fulltrace"):
+                finding = call.excinfo.value
+                report.longrepr = call.excinfo.getrepr(style="short", funcargs=False, tbfilter=lambda e: (
+                    e.traceback.filter(lambda f: f.path == item.path) if e.value is finding else e.traceback.filter(e)))
         return report
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         return self._header(config)
 
     def _header(self, config: pytest.Config) -> list[str]:
-        """The run's first lines: subject, device, profile and seed, examples per check, each release and what it
-        leaves unchecked."""
+        """The run's first lines: subject, device, profile and seed, examples per check, each release (its
+        geometries where a check the subject takes hands it one's cache) and what it leaves unchecked."""
         from hypothesis import settings
 
         from harness import profiles
         from harness.run import coverage
 
         s = self.session
+        geometries = coverage.takes_geometries(s)
         n = config.getoption("kvconform_max_examples") or settings.default.max_examples
         shrink = "failing examples shrunk" if profiles.shrinks() else "no shrinking: a failing item stops at its first"
         if not profiles.explicit():
@@ -224,7 +250,7 @@ class KvconformPlugin:
                 f"{settings.get_current_profile_name()} ({shrink}), seed {s.seed} (--hypothesis-seed={s.seed} draws "
                 "these examples again, live or replayed)",
                 f"kvconform examples per geometry: {coverage.plan(s, n)}; stored regressions first"] + [
-            f"kvconform release {r.describe()}" for r in s.releases] + [
+            f"kvconform release {r.describe()}" for r in s.releases if geometries or r.error] + [
             f"kvconform {line}" for line in coverage.coverage(s)]
 
     @pytest.hookimpl(tryfirst=True)
@@ -378,14 +404,16 @@ def _named(request: pytest.FixtureRequest, test: str) -> str:
     """How a command started where this run was names test `test` of the request's suite module, ready to paste:
     the module's file relative to that folder where it lies under it (a kvconform checkout), else the installed
     module through --pyargs (a host project: kvconform's files are not there)."""
-    import kvconform.suites
-
     path = Path(request.module.__file__).resolve()
     here = Path(request.config.invocation_params.dir).resolve()
     if path.is_relative_to(here):
         return shlex.quote(f"{path.relative_to(here)}::{test}")
     # A suite file is importable as kvconform.suites.<name> wherever kvconform is installed, whatever name this
-    # run imported it under (conformance.<name> in a checkout).
+    # run imported it under (conformance.<name> in a checkout); a bare checkout has no kvconform.suites at all.
+    try:
+        import kvconform.suites
+    except ModuleNotFoundError:
+        return "--pyargs " + shlex.quote(f"{request.module.__name__}::{test}")
     suites = Path(kvconform.suites.__file__).resolve().parent
     module = f"kvconform.suites.{path.stem}" if path.parent == suites else request.module.__name__
     return "--pyargs " + shlex.quote(f"{module}::{test}")
@@ -419,7 +447,7 @@ class Conformance:
             except TimeoutError as e:
                 pytest.fail(f"timeout: {request.node.nodeid}: {e} (a harness limit, --kvconform-timeout)",
                             pytrace=False)
-        self.loop = loop.Loop(s, f"pytest {_named(request, function)}",
+        self.loop = loop.Loop(s, _named(request, function),
                               request.config.getoption("kvconform_max_examples"), _named(request, request.node.name),
                               timeout)
 

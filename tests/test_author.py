@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -266,7 +267,8 @@ def test_find_stops_a_failing_item_at_its_first_example_and_says_how_to_shrink_i
     failed = lambda out: sorted(re.findall(r"^FAILED \S+::(\S+)", out, re.M))  # noqa: E731
     assert failed(found.stdout) and failed(found.stdout) == failed(shrunk.stdout), (found.stdout[-2000:],
                                                                                     shrunk.stdout[-2000:])
-    assert "the first failing example found, not shrunk (kvconform-find); the shrunk one: pytest " in found.stdout
+    assert (f"the first failing example found, not shrunk (kvconform-find); the shrunk one: "
+            f"{shlex.quote(sys.executable)} -m pytest ") in found.stdout
     assert "--hypothesis-profile=kvconform-ci" in found.stdout and "not shrunk" not in shrunk.stdout
     rows = lambda d: [json.loads(x) for p in (tmp_path / d).rglob("results.jsonl")  # noqa: E731
                       for x in p.read_text().splitlines()]

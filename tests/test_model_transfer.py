@@ -241,9 +241,10 @@ def test_a_failing_connector_prints_a_repro_that_replays_its_one_item(tmp_path):
     assert len(repros) == 1, done.stdout[-3000:]
     line = repros[0]
     assert re.match(r"REPRO model-transfer release=0\.33\.0 \(replay\) geometry=model:kernel-split model=kernel-split "
-                    r"seed=\d+ at layer=layers\.\d block=\d kernel_block=\d+ :: pytest ", line), line
+                    r"seed=\d+ at layer=layers\.\d block=\d kernel_block=\d+ :: ", line), line
     command = shlex.split(line.split(" :: ", 1)[1])
-    again = subprocess.run([sys.executable, "-m", *command, "-rA", "-p", "no:cacheprovider"], cwd=REPO, env=env,
+    assert command[:3] == [sys.executable, "-m", "pytest"], command  # the interpreter that ran: no venv to activate
+    again = subprocess.run([*command, "-rA", "-p", "no:cacheprovider"], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 1, again.stdout[-3000:]
     ran = re.findall(r"^(PASSED|FAILED) (\S+)", again.stdout, re.M)

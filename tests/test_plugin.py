@@ -4,6 +4,7 @@ the project's own subject from a throwaway project directory, with prefixed opti
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -63,6 +64,7 @@ class Unbinds(Correct):
         return k, v
 '''
 FAMILIES = ("0.22.1", "0.25.1", "0.33.0")  # kv-first, blocks-first, packed
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -326,3 +328,88 @@ def test_on_gpus_no_n_means_workers_per_gpu_and_xdist_starts_them(host, args, wa
                                      "--kvconform-release=0.33.0", "--kvconform-workers-per-gpu=3",
                                      "-p", "no:cacheprovider", *args)
     assert want in done.stdout.str(), done.stdout.str()[-2000:]
+
+
+OWN_SUBJECTS = '''
+"""A host project's connector (the example block mover), a reader that raises and one that reads nothing."""
+from block_mover import BlockMover
+from harness.layer import kv_views
+
+
+class Connector(BlockMover):
+    name = "host-connector"
+
+
+class Raises:
+    name = "host-raises"
+    capabilities = frozenset({"split"})
+
+    def split(self, kv_cache, layer):
+        return self.halves(kv_cache)
+
+    def halves(self, kv_cache):
+        raise ValueError(f"cannot halve {tuple(kv_cache.shape)}")
+
+
+class ReadsNothing:
+    name = "host-reads-nothing"
+    capabilities = frozenset({"split"})
+
+    def supports_layer(self, layer):
+        return "this reader is not written yet"
+
+    def split(self, kv_cache, layer):
+        return kv_views(kv_cache, layer)
+'''
+
+
+def _own_subjects(host: pytest.Pytester) -> None:
+    host.makepyfile(own_subjects=OWN_SUBJECTS, block_mover=(REPO / "examples" / "block_mover.py").read_text())
+
+
+def test_a_connectors_header_says_nothing_of_geometries_it_is_never_handed(host):
+    """A subject declaring only `connector` takes no check of one geometry's cache: its header names, per release,
+    the models it checks, never the latent, NVFP4 or other geometries the K/V checks leave out."""
+    _own_subjects(host)
+    done = host.runpytest_subprocess("--pyargs", "kvconform.suites", "-p", "no:cacheprovider", "--co",
+                                     "--kvconform-subject=own_subjects:Connector", "--kvconform-release=0.8.5.post1",
+                                     "--kvconform-release=0.22.1", "--kvconform-release=0.33.0")
+    out = done.stdout.str()
+    assert done.ret == 0, out[-3000:]
+    header = [line for line in out.split("rootdir:")[0].splitlines() if line.startswith("kvconform")]
+    assert not [line for line in header if re.search(r"latent|nvfp4|contracts in|a K/V subject", line)], header
+    assert re.search(r"^kvconform 0\.22\.1 \(replay\): host-connector checks \d+ models \(uniform, ", out, re.M), header
+    assert re.search(r"^kvconform 0\.8\.5\.post1 \(replay\): host-connector checks nothing: the whole-model "
+                     "allocation was not read", out, re.M), header
+    assert len(header) == 2 + 3 + 1, header  # subject and examples, a line per release, the checks it lacks
+
+
+def test_a_new_findings_traceback_is_the_subjects_frames_and_the_verdict(host):
+    """What the subject raised shows from its own frames; then the suite's line and kvconform's verdict. The
+    harness's and hypothesis' frames in between show under --full-trace only."""
+    _own_subjects(host)
+    done = host.runpytest_subprocess("--pyargs", "kvconform.suites", "-p", "no:cacheprovider",
+                                     "--kvconform-subject=own_subjects:Raises", "--kvconform-release=0.22.1",
+                                     "--kvconform-backend=FLASH_ATTN", "--kvconform-cache-dtype=auto",
+                                     "--kvconform-max-examples=2", "-k", "split_agrees and not regression")
+    out = done.stdout.str()
+    assert done.ret == 1, out[-3000:]
+    first = out.split("= FAILURES =")[1].split("\n___")[1]  # the first failure, in full
+    assert re.search(r"own_subjects\.py:\d+: in split\n(.*\n)+?own_subjects\.py:\d+: in halves\n", first), first
+    assert "E   ValueError: cannot halve" in first and "NewFinding: subject-error: ValueError" in first, first
+    assert re.search(r"test_split\.py:\d+: in test_split_agrees\n", first), first
+    assert not re.search(r"harness/|hypothesis/|kvconform/__init__\.py", first), first
+    assert len(first.splitlines()) < 60, first
+
+
+def test_skip_reasons_show_in_a_host_project_without_r(host):
+    """A host project has no -ra of kvconform's own pyproject: a skipped item's reason (what was not checked) is
+    listed all the same."""
+    _own_subjects(host)
+    done = host.runpytest_subprocess("--pyargs", "kvconform.suites", "-p", "no:cacheprovider",
+                                     "--kvconform-subject=own_subjects:ReadsNothing", "--kvconform-release=0.22.1",
+                                     "--kvconform-max-examples=2", "-k", "split_agrees and not regression")
+    out = done.stdout.str()
+    assert done.ret == 0, out[-3000:]
+    assert re.search(r"^SKIPPED \[\d+\] .*host-reads-nothing supports none of the examples: this reader is not "
+                     "written yet", out, re.M), out[-3000:]

@@ -11,16 +11,62 @@ from harness.contract import Contract
 from harness.results import Word
 from harness.run import draws
 from harness.run.session import NOMINAL, Session
-from harness.run.targets import examples_per_item, outside, targets
+from harness.run.targets import examples_per_item, model_targets, models_of, outside, targets
 from harness.cases import SPARSITY_MODES
 from harness.subjects import FORWARD
 from harness.words import count, listed
 
 
+def takes_geometries(session: Session) -> bool:
+    """Whether a check the subject has the capabilities for hands it one geometry's cache (split, transfer, the
+    kernel checks); a connector's check hands it whole models instead."""
+    return any(c.hands_cache for c in checks.CHECKS if c.module and not session.missing(c.needs))
+
+
 def coverage(session: Session) -> list[str]:
-    """Per release, what of its recorded contracts this run checks and what it leaves out, with counts and why
-    (the backends and cache dtypes asked for, the subject's own `backends`, caches no K/V check takes, what its
-    supports_layer refuses); then the checks the subject declares no capability for."""
+    """Per release, what this run checks of it and what it leaves out, with counts and why, for the checks the
+    subject takes: of its recorded contracts (the backends and cache dtypes asked for, the subject's own `backends`,
+    caches no K/V check takes, what its supports_layer refuses) where a check hands it a geometry's cache, of its
+    models where a connector's check takes them; then the checks the subject declares no capability for."""
+    s = session
+    if takes_geometries(s):
+        out = geometry_coverage(s)
+    else:
+        out = [] if s.missing(checks.MODEL_TRANSFER.needs) else model_coverage(s)
+    lacking = [c.name for c in checks.CHECKS if c.module and c.needs and s.missing(c.needs)]
+    if lacking:
+        out.append(f"{s.subject_name} declares {', '.join(sorted(s.capabilities))}: {', '.join(lacking)} "
+                   "need more (one not-applicable line per release each)")
+    return out
+
+
+def model_coverage(session: Session) -> list[str]:
+    """Per release, the models the connector check takes and the ones it leaves out (each one's reason is in the
+    release's model-transfer not-applicable line), or why it takes none."""
+    s = session
+    taken: dict[str, list[str]] = {}
+    for t in model_targets(s):
+        taken.setdefault(t.release.release, []).append(t.model.name)
+    out = []
+    for r in s.releases:
+        models, left = models_of(r)
+        if "*" in left:
+            out.append(f"{r.release} ({r.source}): {s.subject_name} checks nothing: {left['*']}")
+            continue
+        names = taken.get(r.release, [])
+        parts = [f"{count(len(left), 'model')} ({listed(list(left))}): not taken (why: the release's "
+                 "model-transfer not-applicable line)"] if left else []
+        unasked = [m.name for m in models if m.name not in names]
+        if unasked:
+            parts.append(f"{count(len(unasked), 'model')} ({listed(unasked)}): layers of backends or cache dtypes not "
+                         "asked for")
+        out.append(f"{r.release} ({r.source}): {s.subject_name} checks {count(len(names), 'model')} "
+                   f"({listed(names, len(names))})" + ("; not checked: " + "; ".join(parts) if parts else ""))
+    return out
+
+
+def geometry_coverage(session: Session) -> list[str]:
+    """Per release, what of its recorded contracts this run checks and what it leaves out, with counts and why."""
     s = session
     served = getattr(s.subject, "backends", None)
     out = []
@@ -58,15 +104,14 @@ def coverage(session: Session) -> list[str]:
         line = (f"{r.release}: {s.subject_name} selects {checked} of its {len(r.contracts)} contracts "
                 f"({count(len(chosen), 'geometry')})")
         out.append(line + ("; not checked: " + "; ".join(parts) if parts else "; every one is checked"))
-    lacking = [c.name for c in checks.CHECKS if c.module and c.needs and s.missing(c.needs)]
-    if lacking:
-        out.append(f"{s.subject_name} declares {', '.join(sorted(s.capabilities))}: {', '.join(lacking)} "
-                   "need more (one not-applicable line per release each)")
     return out
 
 
 def left_out(session: Session, r) -> dict[str, list[str]]:
-    """The selected geometries of release `r` that no K/V check of this subject takes, by why."""
+    """The selected geometries of release `r` that no K/V check of this subject takes, by why (none when the subject
+    takes no check of a geometry's cache)."""
+    if not takes_geometries(session):
+        return {}
     kernels = FORWARD in session.capabilities
     why: dict[str, list[str]] = {}
     for c in dict.fromkeys(c for c in r.contracts if session.selects(c)):

@@ -33,6 +33,20 @@ from harness.strategies import Example, alike, examples
 CheckFn = Callable[[Trial], Outcome]
 
 
+HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # harness/: frames of it are not the subject's
+
+
+def _subject_frames(e: BaseException | None) -> BaseException | None:
+    """`e`, what the subject raised, with its traceback from the subject's own frames on (the harness frames that
+    called it cut off): a new finding's cause shows where in the subject it went wrong."""
+    if e is None:
+        return None
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename.startswith(HARNESS + os.sep):
+        tb = tb.tb_next
+    return e.with_traceback(tb)
+
+
 class NewFinding(AssertionError):
     """An outcome no known finding predicts; its message ends with the REPRO line."""
 
@@ -58,16 +72,16 @@ class Settled:
 
 
 class Loop:
-    """Runs one check over examples of one target and records what happened. `replay_command` is the command that
-    replays one kept example of this check (the REPRO line appends `-k <digest>`); `item` is how a command names
-    this item, ready to paste (quoted)."""
+    """Runs one check over examples of one target and records what happened. `replays` is how a command names the
+    items that replay kept examples of this check (the REPRO line selects one with -k), `item` how it names this
+    item, each ready to paste (quoted); the session's `command` starts them."""
 
-    def __init__(self, session: Session, replay_command: str, max_examples: int | None = None, item: str = "",
+    def __init__(self, session: Session, replays: str, max_examples: int | None = None, item: str = "",
                  timeout: float = 0.0):
         self.s = session
-        self.replay_command = replay_command
+        self.replays = replays
         self.max_examples = max_examples
-        self.item = item or replay_command  # what a timeout names
+        self.item = item or replays  # what a timeout names
         self.timeout = timeout  # seconds an item may run (0: no limit)
         self._current: Trial | None = None  # what a timeout's line names: the watchdog cannot ask the main thread
 
@@ -147,6 +161,7 @@ class Loop:
         self._current = t
         costs.CLOCK.example()
         start = time.perf_counter()
+        raised = None  # what the subject raised, when its outcome is that
         try:
             with costs.phase("check"):
                 reason = self._unsupported(check, t)
@@ -157,7 +172,7 @@ class Loop:
                     self._record(t, Outcome(Word.UNSUPPORTED, reason))
                 return
         except Verdict as v:
-            outcome = v.outcome
+            outcome, raised = v.outcome, v.__cause__
         except NotRun as e:
             state.not_run.add(str(e))
             if state.failure is None:
@@ -176,7 +191,7 @@ class Loop:
             if known is None:
                 state.failure = (t, outcome)
                 raise NewFinding(f"{outcome.word.value}: {outcome.diagnosis}\n{self._unshrunk()}"
-                                 f"{self.repro(t, outcome.where)}")
+                                 f"{self.repro(t, outcome.where)}") from _subject_frames(raised)
             state.known[known.id] = known
         if state.failure is None:  # examples tried while shrinking a failure are not results
             self._record(t, outcome, known.id if known else "", time.perf_counter() - start)
@@ -186,7 +201,7 @@ class Loop:
         if profiles.shrinks():
             return ""
         return (f"the first failing example found, not shrunk ({settings.get_current_profile_name()}); the shrunk "
-                f"one: pytest {self.item} {self.s.args} --hypothesis-profile=kvconform-ci\n")
+                f"one: {self.command(self.item)} --hypothesis-profile=kvconform-ci\n")
 
     def _unsupported(self, check: Check, t: Trial) -> str | None:
         """Why the subject does not take this example, by its own word (None when it does): a check that runs its
@@ -212,7 +227,11 @@ class Loop:
     def repro(self, t: Trial, where: str = "") -> str:
         """ONE line that reproduces the trial's example: what it is, where the check found it wrong, and the
         command that replays it."""
-        return regressions.repro(t.target, t.check, t.example, t.extra, f"{self.replay_command} {self.s.args}", where)
+        return regressions.repro(t.target, t.check, t.example, t.extra, self.command(self.replays), where)
+
+    def command(self, item: str) -> str:
+        """The command that runs `item` (as a command names it) as this session ran it."""
+        return f"{self.s.command} {item} {self.s.args}"
 
     def _record(self, t: Trial, outcome: Outcome, known: str = "", seconds: float = 0.0) -> None:
         with costs.phase("record"):

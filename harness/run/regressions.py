@@ -4,6 +4,7 @@ session, and the one REPRO line that names each."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from harness import checks
@@ -75,6 +76,27 @@ def repro(target: Target, check: str, ex: Example | Moves, extra: object, comman
     return (f"REPRO {check} release={target.release.release} ({target.release.source}) "
             f"geometry={target.geometry} {ex.words(extra)}" + (f" at {where}" if where else "") + " :: "
             f"{command} -k '{selects(target, ex.digest())}'")
+
+
+def missing(session: Session, keyword: str) -> str | None:
+    """Why a REPRO line's `-k` selection (`selects`) can replay nothing here, None when it can or `keyword` is not
+    one: its kept example is not in the session's regressions folder, or was found on another kind of device."""
+    named = re.fullmatch(r"\[(\S+)- and -([0-9a-f]+)\]", keyword.strip())
+    if named is None:
+        return None
+    release, digest = named.groups()
+    d = session.regressions_dir / session.subject_name
+    kept = sorted(d.glob(f"*-{digest}.json"))
+    if not kept:
+        return (f"-k '{keyword}' replays kept example {digest} of {session.subject_name} (release {release}), which "
+                f"is not in {d}: a REPRO line replays the example its run kept under its regressions folder. For a run "
+                f"elsewhere (a CI annotation), take that run's results (the workflow's kvconform-results-{release} "
+                "artifact) and name the regressions/ folder they hold with --kvconform-regressions-dir")
+    found = json.loads(kept[0].read_text()).get("device", device_kind(session.device))
+    if found != device_kind(session.device):
+        return (f"-k '{keyword}': kept example {kept[0]} was found on {found} and is replayed there only (this run is "
+                f"on {session.device})")
+    return None
 
 
 def example(body: dict) -> Example | Moves:

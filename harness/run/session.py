@@ -4,6 +4,7 @@ the device, the run's id and seed, and the sink its result lines go to."""
 from __future__ import annotations
 
 import hashlib
+import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,18 @@ from harness.strategies import CPU, GPU, Sizes
 from harness.subjects import DEFAULT_CAPABILITIES, FORWARD, capabilities_of, load_subject
 
 NOMINAL = Dims(num_blocks=8, block_size=16, kv_heads=2, head_dim=64)  # the sizes a layer is asked at per geometry
+
+
+# The interpreter options that change what it imports: a pasted command must find the modules this run found.
+IMPORT_FLAGS = (("isolated", "-I"), ("ignore_environment", "-E"), ("no_site", "-S"), ("no_user_site", "-s"),
+                ("safe_path", "-P"))
+
+
+def pytest_command() -> str:
+    """How a printed command starts pytest as this process did, ready to paste into a shell with no venv activated:
+    this interpreter by its path, with the options that change what it imports, and -m pytest."""
+    flags = [flag for name, flag in IMPORT_FLAGS if getattr(sys.flags, name, 0)]
+    return shlex.join([sys.executable, *flags, "-m", "pytest"])
 
 
 def sizes_for(device: str) -> Sizes:
@@ -48,6 +61,7 @@ class Session:
     cache_dtypes: tuple[str, ...] = ()  # cache dtypes likewise
     run: str = ""  # the run's id (harness.results.new_run_id), in every line it writes
     seed: int = 0  # what every item's draws derive from (item_seed)
+    command: str = field(default_factory=pytest_command)  # what starts pytest in the commands it prints
     say: Callable[[str], None] = field(default=lambda text: print(text, file=sys.__stderr__, flush=True), repr=False)
     sink: Sink = field(init=False, repr=False)  # made of the fields above: another subject is a dataclasses.replace
 
@@ -77,7 +91,7 @@ class Session:
 
 def start(subject_spec: str, asked: list[str], contracts_dir: Path, results_dir: Path, regressions_dir: Path,
           known_findings_dir: Path, device: str, worker: str, args: str, backends: tuple[str, ...] = (),
-          cache_dtypes: tuple[str, ...] = (), run: str = "") -> Session:
+          cache_dtypes: tuple[str, ...] = (), run: str = "", command: str = "") -> Session:
     """The session of one process. ValueError (a usage error) for a subject, releases, backends or cache dtypes
     that cannot be named."""
     names = releases_asked(asked, contracts_dir)
@@ -92,7 +106,7 @@ def start(subject_spec: str, asked: list[str], contracts_dir: Path, results_dir:
                          f"({', '.join(sorted(recorded))})")
     return Session(subject.name, subject_spec, subject, releases, known, results_dir, regressions_dir, worker, args,
                    device, run=run, seed=run_seed(run), capabilities=caps, backends=tuple(backends),
-                   cache_dtypes=tuple(cache_dtype(n).name for n in cache_dtypes))
+                   cache_dtypes=tuple(cache_dtype(n).name for n in cache_dtypes), command=command or pytest_command())
 
 
 def run_seed(run: str) -> int:
