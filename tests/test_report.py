@@ -94,7 +94,7 @@ def test_verdict_counts_new_findings_and_their_releases(tmp_path):
     add(root, "0.33.0", "packed:B.H.N.C", "contract-error", known="builtin#1")  # known: reported, still green
     add(root, "0.33.0", "*", "stale", check="split-agrees", known="builtin#2")
     add(root, "0.28.0", "packed:B.H.N.C", "skipped", check="vllm-write")
-    assert fold(root)["verdict"] == "GREEN: no new findings in 2 releases"
+    assert fold(root)["verdict"] == "GREEN: no new findings in 1 release; nothing checked in 0.28.0 (only skipped)"
     add(root, "0.28.0", "packed:B.H.N.C", "accepted", check="rejects-malformed")
     assert fold(root)["verdict"] == "RED: 1 new finding in 1 release"
 
@@ -173,23 +173,26 @@ def test_known_finding_never_hides_a_new_one(tmp_path):
 
 def test_new_findings_come_first_grouped_with_their_repro_lines(tmp_path):
     root = build(tmp_path)
-    for release, case in (("0.30.0", 1), ("0.30.0", 1), ("0.30.0", 2), ("main", 3), ("main", 4)):
-        add(root, release, "packed:B.H.N.C", "differs", diagnosis=f"{case} of 64 differ, max ULP {case}",
+    for release, geometry, case in (("0.30.0", "packed:B.H.N.C", 1), ("0.30.0", "packed:B.H.N.C", 1),
+                                    ("0.30.0", "packed:B.H.N.C", 2), ("main", "packed:B.H.N.C", 3),
+                                    ("main", "packed:B.N.H.C", 4)):
+        add(root, release, geometry, "differs", diagnosis=f"{case} of 64 differ, max ULP {case}",
             repro=f"REPRO bit-identity case {case}")
     md = report_md(fold(root))
     head, matrix = md.split("## What broke")[0], md.index("## Where")
-    assert head.splitlines()[2] == "**RED: 8 new findings in 4 releases**"
+    # one finding per release and geometry: 0.30.0's three failing examples differ only in their numbers
+    assert head.splitlines()[2] == "**RED: 6 new findings in 4 releases**"
     broke = md[md.index("## What broke"):matrix]
     # worst first (errors before value differences); the same diagnosis up to its numbers is one kind of finding
     assert [m.group(1) for m in re.finditer(r"^- \*\*(.+?)\*\*", broke, re.M)] == [
         "! harness-error", "! install-error", "✗ differs", "✗ differs"]
     kind = next(k for k in broke.split("\n- ") if "of 64 differ" in k)
-    assert "· bit-identity · 0.30.0, main · packed:B.H.N.C · 5 results" in kind
-    assert "1 of 64 differ, max ULP 1" in kind and "of 8 differ" not in kind  # another diagnosis, another kind
-    assert broke.count("REPRO bit-identity case 1") == 1  # deduplicated
+    assert "· bit-identity · 0.30.0, main · packed:B.H.N.C, packed:B.N.H.C · 3 findings (5 result lines)" in kind
+    assert "2 of 64 differ, max ULP 2" in kind and "of 8 differ" not in kind  # another diagnosis, another kind
+    assert "REPRO bit-identity case 1" not in broke  # a finding's newest REPRO line stands for it
     shown = sections.REPROS_SHOWN
-    assert sum(f"REPRO bit-identity case {c}" in broke for c in range(1, 5)) == shown
-    assert f"+{4 - shown} more REPRO lines" in broke
+    assert sum(f"REPRO bit-identity case {c}" in broke for c in range(2, 5)) == shown
+    assert f"+{3 - shown} more REPRO lines" in broke
     assert "REPRO harness 0.30.0" in broke and "REPRO differs 0.9.2" in broke
     assert md.index("uv failed") < matrix  # a finding without REPRO line still says why
 
@@ -506,8 +509,8 @@ def test_backend_and_cache_dtype_specific_failures(tmp_path):
     add(root, "0.33.0", "packed:B.H.N.C@fp8_e4m3", "bit-identical", backends=("FLASHINFER",))
     data = fold(root)
     found = {(s["dimension"], s["where"]): dict(s["fixed"]) for s in data["specific"]}
-    assert found == {("backend", "FLASHINFER"): {"release": "0.33.0", "cache dtype": "auto"},
-                     ("cache dtype", "auto"): {"release": "0.33.0", "geometry": "packed:B.H.N.C",
+    # FLASHINFER fails on a geometry FLASH_ATTN never ran: the geometry, not the backend, tells them apart
+    assert found == {("cache dtype", "auto"): {"release": "0.33.0", "geometry": "packed:B.H.N.C",
                                                "backend": "FLASHINFER"}}
 
 
@@ -756,3 +759,99 @@ def test_lines_of_two_subjects_get_a_verdict_each_and_subject_reports_one(tmp_pa
     assert one["verdict"] == "GREEN: no new findings in 2 releases" and not one["new_findings"]
     assert main([str(root), "--subject", "nobody"]) == 2
     assert "--subject nobody: no lines of it under" in capsys.readouterr().err
+
+
+def transfer_line(root, release, model, outcome, backends, run="r1", case="c", diagnosis="", subject="manager-ids"):
+    """A model-transfer line as a connector's run writes it straight into the release's results.jsonl (two runs'
+    lines side by side, as folders of two runs copied into one are)."""
+    repro = (f"REPRO model-transfer release={release} (replay) geometry=model:{model} :: python -m pytest -k "
+             f"'[{release}- and -{case}]'") if outcome == "differs" else ""
+    results.append(root, Result(run=run, release=release, source="replay", subject=subject, check="model-transfer",
+                                geometry=f"model:{model}", sparsity="none", outcome=outcome, case=case,
+                                diagnosis=diagnosis, repro=repro, backends=backends))
+
+
+MOVED_WRONG = ("layer model.layers.{n}.attn: kernel block {n}{n} (block 1 of 2 in manager block {n}) should hold "
+               "source manager block 3's kernel block 7 (manager blocks [3] -> [{n}] of 16)")
+
+
+def test_only_one_backend_fails_is_said_only_where_backends_ran_one_geometry(tmp_path):
+    # The kernel-split model is the only one recorded with FLASHINFER: its failure says nothing of FLASHINFER.
+    root = tmp_path / "results"
+    transfer_line(root, "0.33.0", "split-kernels", "differs", ("FLASHINFER",), diagnosis=MOVED_WRONG.format(n=2))
+    transfer_line(root, "0.33.0", "plain", "bit-identical", ("FLASH_ATTN", "TRITON_ATTN"))
+    data = fold(root)
+    assert [s for s in data["specific"] if s["dimension"] == "backend"] == []
+    assert "Only one backend fails" not in report_md(data) and "Only one backend fails" not in report_html(data)
+    # Two backends that ran one geometry and differ there: that backend is named, with the geometry held.
+    add(root, "0.33.0", "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
+    add(root, "0.33.0", "packed:B.H.N.C", "differs", backends=("FLASHINFER",), diagnosis="1 of 8 differ")
+    backend = [s for s in fold(root)["specific"] if s["dimension"] == "backend"]
+    assert [(s["where"], s["among"], dict(s["fixed"])) for s in backend] == [
+        ("FLASHINFER", ["FLASHINFER", "FLASH_ATTN"], {"release": "0.33.0", "geometry": "packed:B.H.N.C"})]
+
+
+def test_one_finding_however_many_runs_and_replays_fold(tmp_path):
+    root = tmp_path / "results"
+    # run r1: the generated item and the replay of its kept example, both failing on the same example
+    transfer_line(root, "0.33.0", "split-kernels", "differs", ("FLASHINFER",), case="c1",
+                  diagnosis=MOVED_WRONG.format(n=2))
+    transfer_line(root, "0.33.0", "split-kernels", "differs", ("FLASHINFER",), case="c1",
+                  diagnosis=MOVED_WRONG.format(n=2))
+    # run r2, the same subject again: another example of the same bug, and the replay once more
+    transfer_line(root, "0.33.0", "split-kernels", "differs", ("FLASHINFER",), run="r2", case="c2",
+                  diagnosis=MOVED_WRONG.format(n=5))
+    transfer_line(root, "0.33.0", "split-kernels", "differs", ("FLASHINFER",), run="r2", case="c1",
+                  diagnosis=MOVED_WRONG.format(n=2))
+    transfer_line(root, "0.33.0", "plain", "bit-identical", ("FLASH_ATTN",), run="r2")
+    data = fold(root)
+    assert data["verdict"].startswith("RED: 1 new finding in 1 release — from 2 runs"), data["verdict"]
+    [f] = data["new_findings"]
+    assert (f["lines"], f["run"], f["case"]) == (4, "r2", "c1")  # the newest line stands for it
+    # Another model, another release or another kind of failure is another finding.
+    transfer_line(root, "0.33.0", "other-split", "differs", ("FLASHINFER",), diagnosis=MOVED_WRONG.format(n=2))
+    transfer_line(root, "0.32.0", "split-kernels", "differs", ("FLASHINFER",), diagnosis=MOVED_WRONG.format(n=2))
+    transfer_line(root, "0.32.0", "split-kernels", "differs", ("FLASHINFER",),
+                  diagnosis="extract_blocks of manager blocks [3] -> [2] of 16 changed 64 bytes of the source")
+    data = fold(root)
+    assert data["verdict"].startswith("RED: 4 new findings in 2 releases"), data["verdict"]
+    md = report_md(data)
+    broke = md[md.index("## What broke"):md.index("## Where")]
+    assert ("· manager-ids · model-transfer · all 2 releases (0.32.0–0.33.0) · model:split-kernels, "
+            "model:other-split · 3 findings (6 result lines)  \n") in broke, broke
+    assert "· manager-ids · model-transfer · 0.32.0 · model:split-kernels · 1 finding  \n" in broke, broke
+
+
+def test_green_counts_only_releases_something_was_checked_in_and_names_the_rest(tmp_path):
+    root = tmp_path / "results"
+    for release in ("0.8.5.post1", "0.9.2"):  # no allocation record: the connector's check does not apply
+        add(root, release, "*", "not-applicable", check="model-transfer", diagnosis="the release: no allocation record")
+        add(root, release, "*", "skipped", check="drift", diagnosis="vLLM not installed: replayed")
+    add(root, "0.10.2", "*", "unsupported", check="model-transfer", diagnosis="fp8 only")
+    add(root, "0.33.0", "model:plain", "bit-identical", check="model-transfer")
+    add(root, "0.33.0", "*", "skipped", check="drift", diagnosis="vLLM not installed: replayed")
+    data = fold(root)
+    assert data["verdict"] == ("GREEN: no new findings in 1 release; nothing checked in 0.8.5.post1, 0.9.2 (only "
+                               "skipped, not-applicable), 0.10.2 (only unsupported)")
+    assert data["unchecked"] == {"builtin": {"0.8.5.post1": "only skipped, not-applicable",
+                                             "0.9.2": "only skipped, not-applicable", "0.10.2": "only unsupported"}}
+    assert report_md(data).startswith(f"# kvconform conformance report\n\n**{data['verdict']}**\n")
+
+
+def test_a_release_with_no_line_of_a_subject_says_so(tmp_path):
+    # Two subjects' runs in one folder: only one of them ran main.
+    root = tmp_path / "results"
+    for subject in ("block-mover", "manager-ids"):
+        add(root, "0.33.0", "model:plain", "bit-identical", check="model-transfer", subject=subject)
+    add(root, "main", "model:plain", "bit-identical", check="model-transfer", subject="block-mover")
+    data = fold(root)
+    assert data["verdict"] == ("GREEN for each of 2 subjects (--subject NAME reports one): block-mover GREEN: no new "
+                               "findings in 2 releases; manager-ids GREEN: no new findings in 1 release; nothing "
+                               "checked in main (no line)")
+    assert data["unchecked"]["manager-ids"] == {"main": "no line"} and data["unchecked"]["block-mover"] == {}
+    md = report_md(data)
+    row = md.split("### manager-ids\n\n", 1)[1].split("\n\n", 1)[0].splitlines()[3]
+    assert row == f"| main | {sections.NO_LINE} | · |"
+    tree = ET.fromstring(report_html(data))
+    section = next(s for s in tree.iter("section") if s.get("data-subject") == "manager-ids")
+    assert ["".join(td.itertext()) for td in section.find("table").findall("tr")[2]] == ["main", sections.NO_LINE, "·"]

@@ -80,7 +80,7 @@ def test_performance_lines_never_change_the_verdict(tmp_path):
     data = fold(root)
     assert data["verdict"] == alone["verdict"] == ("GREEN for each of 2 subjects (--subject NAME reports one): builtin "
                                                    "GREEN: no new findings in 2 releases; other GREEN: no new findings "
-                                                   "in 1 release")
+                                                   "in 1 release; nothing checked in 0.25.1 (no line)")
     assert data["new_findings"] == [] and data["keys"] == alone["keys"]
     line = "Performance: 2 new findings (nox -s bench fails on them; not a conformance outcome)"
     md = report_md(data)
@@ -93,7 +93,8 @@ def test_performance_lines_never_change_the_verdict(tmp_path):
     add(root, "0.33.0", "packed:B.H.N.C", "differs", diagnosis="1 of 8 differ")
     data = fold(merged(root), [t for t in LINES if not t.new_finding])
     assert data["verdict"] == ("RED for 1 of 2 subjects (--subject NAME reports one): builtin RED: 1 new finding in 1 "
-                               "release; other GREEN: no new findings in 1 release")
+                               "release; other GREEN: no new findings in 1 release; nothing checked in 0.25.1 "
+                               "(no line)")
     assert "Performance:" not in report_md(data) and 'class="bench-verdict"' not in report_html(data)
 
 
@@ -237,7 +238,7 @@ def test_performance_lines_alone_are_a_report_that_claims_no_conformance(tmp_pat
         f"| release | contracts from | {sections.BENCH_COLUMN} |", "|---|---|---|",
         "| 0.25.1 | replay (bench) | 0.97x ✓ |", "| 0.33.0 | replay (bench) | **1.31x ✗** |"]
     assert where.split("### slow\n\n", 1)[1].split("\n\n", 1)[0].splitlines()[2:] == [
-        "| 0.25.1 | · | · |", "| 0.33.0 | replay (bench) | 1.02x ✓ |"]
+        f"| 0.25.1 | {sections.NO_LINE} | · |", "| 0.33.0 | replay (bench) | 1.02x ✓ |"]
     tree = ET.fromstring((tmp_path / "out" / "report.html").read_text())
     verdict = next(e for e in tree.iter("p") if "verdict" in e.get("class", "").split())
     assert (verdict.text, verdict.get("class")) == (NO_CONFORMANCE, "verdict none")  # not green
@@ -248,7 +249,7 @@ def test_performance_lines_alone_are_a_report_that_claims_no_conformance(tmp_pat
         ["release", "contracts from", sections.BENCH_COLUMN]] * 2
     assert [["".join(td.itertext()) for td in tr] for t in tables for tr in t.findall("tr")[1:]] == [
         ["0.25.1", "replay (bench)", "0.97x ✓"], ["0.33.0", "replay (bench)", "1.31x ✗"],
-        ["0.25.1", "·", "·"], ["0.33.0", "replay (bench)", "1.02x ✓"]]
+        ["0.25.1", sections.NO_LINE, "·"], ["0.33.0", "replay (bench)", "1.02x ✓"]]
     assert tables[0].findall("tr")[2][-1].get("class") == "cell bench red"
 
 
@@ -267,7 +268,8 @@ def test_a_subject_or_release_only_benched_gets_its_matrix(tmp_path):
     assert data["releases"] == ["0.22.1", "0.25.1", "0.33.0"]  # 0.22.1: benched only, in version order
     # the releases checked, not the benched one; the subject only benched has no verdict
     assert data["verdict"] == ("GREEN for each of 2 subjects (--subject NAME reports one): builtin GREEN: no new "
-                               "findings in 2 releases; other GREEN: no new findings in 1 release")
+                               "findings in 2 releases; other GREEN: no new findings in 1 release; nothing checked in "
+                               "0.25.1 (no line)")
     md = report_md(data)
     assert f"- slow: {sections.UNCHECKED}\n" in md.split("## Runs folded", 1)[0]
     table = md.split("### builtin\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
@@ -279,5 +281,5 @@ def test_a_subject_or_release_only_benched_gets_its_matrix(tmp_path):
     sections_ = {s.get("data-subject"): s for s in tree.iter("section")}
     assert list(sections_) == ["builtin", "other", "slow"]
     rows = [["".join(td.itertext()) for td in tr] for tr in sections_["slow"].find("table").findall("tr")]
-    assert rows == [["release", "contracts from", sections.BENCH_COLUMN], ["0.22.1", "·", "·"],
-                    ["0.25.1", "·", "·"], ["0.33.0", "replay (bench)", "1.40x ✗"]]
+    assert rows == [["release", "contracts from", sections.BENCH_COLUMN], ["0.22.1", sections.NO_LINE, "·"],
+                    ["0.25.1", sections.NO_LINE, "·"], ["0.33.0", "replay (bench)", "1.40x ✗"]]

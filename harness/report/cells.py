@@ -30,6 +30,7 @@ FAILING = (ERROR_CLASS, FAIL_CLASS)  # a new finding: what turns a cell and the 
 STALE_CLASS = "stale"  # a known finding that applied and did not happen: listed apart, never a check's class
 UNEXERCISED_CLASS = "unexercised"  # a known finding none of whose examples ran: listed apart, never a check's class
 FINDING_CLASSES = (STALE_CLASS, UNEXERCISED_CLASS)  # the classes of the lines that mark a known finding, no outcome
+CHECKED = (ERROR_CLASS, FAIL_CLASS, KNOWN_CLASS, PASS_CLASS)  # a line of these says a check ran: it passed or failed
 
 
 @dataclass(frozen=True)

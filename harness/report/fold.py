@@ -29,11 +29,12 @@ RUNS_NAMED = 4  # runs the verdict names; more are counted there and listed unde
 
 
 def verdict(data: dict) -> str:
-    """RED with how many new findings in how many releases, or GREEN: known, stale and unexercised findings never
-    make it red, but the unexercised ones are counted after it (a refusal must not read as a plain GREEN); with no
-    result line at all (the performance lane's lines only), NO CONFORMANCE RESULTS, never GREEN. Folded from more
-    than one run, it names them (up to RUNS_NAMED; more are counted, and listed under Runs). Lines of several subjects
-    are never folded into one verdict: each subject gets its own."""
+    """RED with how many new findings (one per finding, harness.report.keys.finding) in how many releases, or GREEN
+    with how many releases something was checked in, naming the others (`unchecked`): known, stale and unexercised
+    findings never make it red, but the unexercised ones are counted after it (a refusal must not read as a plain
+    GREEN); with no result line at all (the performance lane's lines only), NO CONFORMANCE RESULTS, never GREEN.
+    Folded from more than one run, it names them (up to RUNS_NAMED; more are counted, and listed under Runs). Lines of
+    several subjects are never folded into one verdict: each subject gets its own."""
     if not data["runs"]:
         return ("NO CONFORMANCE RESULTS: only the performance lane's lines (nox -s bench) in "
                 + count(len(data["releases"]), "release"))
@@ -44,7 +45,7 @@ def verdict(data: dict) -> str:
         head = f"RED for {red} of {len(subjects)} subjects" if red else f"GREEN for each of {len(subjects)} subjects"
         said = f"{head} (--subject NAME reports one): " + "; ".join(f"{s} {v}" for s, v in each.items())
     else:
-        said = _said(data, None)
+        said = _said(data, subjects[0])
     folded = data["runs"]
     if len(folded) <= 1:
         return said
@@ -54,19 +55,23 @@ def verdict(data: dict) -> str:
     return f"{said} — from {len(folded)} runs ({partial} partial): see Runs"
 
 
-def _said(data: dict, subject: str | None) -> str:
-    """GREEN or RED with its counts, over one subject's lines (None: every line)."""
-    new = [r for r in data["new_findings"] if subject in (None, r["subject"])]
-    if subject is None:
-        checked = {rel for r in data["runs"] for rel in r["releases"]}  # a release only benched was never checked
-    else:
-        checked = {r["release"] for r in data["rows"] if r["subject"] == subject}
+def _said(data: dict, subject: str) -> str:
+    """GREEN or RED with its counts, over one subject's lines; GREEN names the releases nothing of it was checked in."""
+    new = [r for r in data["new_findings"] if r["subject"] == subject]
+    nothing = data["unchecked"][subject]
     if not new:
+        checked = {rel for r in data["runs"] for rel in r["releases"]} - set(nothing)
         said = f"GREEN: no new findings in {count(len(checked), 'release')}"
+        if nothing:
+            by: dict[str, list[str]] = defaultdict(list)
+            for rel, why in nothing.items():
+                by[why].append(rel)
+            said += "; nothing checked in " + ", ".join(f"{span(rs, data['releases'])} ({why})"
+                                                         for why, rs in by.items())
     else:
         said = f"RED: {count(len(new), 'new finding')} in {count(len({r['release'] for r in new}), 'release')}"
     if unexercised := {(r["subject"], r["known"]) for r in data["unexercised_findings"]
-                       if subject in (None, r["subject"])}:
+                       if r["subject"] == subject}:
         said += f"; {count(len(unexercised), 'unexercised known finding')}"
     return said
 
@@ -152,7 +157,7 @@ def report_data(rows: list[Result], since: Sequence[Path] = (), left_out: Iterab
                  for (s, rel, c, g, bs, d), n in sorted(drill.items(), key=lambda kv: (
                      kv[0][0], releases.index(kv[0][1]), check_key(kv[0][2]), geometries.index(kv[0][3]),
                      kv[0][4], kv[0][5]))],
-        "new_findings": [_plain(r) for r in new],
+        "new_findings": findings(new),
         "known_findings": [dict(zip(("id", "release", "geometry", "check", "outcome"), k), count=n)
                            for k, n in sorted(known.items())],
         "stale_findings": [_plain(r) for r in rows if r.outcome == STALE],
@@ -164,6 +169,8 @@ def report_data(rows: list[Result], since: Sequence[Path] = (), left_out: Iterab
     dtype_order = sorted({r.cache_dtype for r in rows if r.cache_dtype}, key=lambda d: (d != "auto", d))
     data["specific"] = _as_json([asdict(x) for x in lone_failures(classes, {
         RELEASE: releases, "check": list(CHECK_ORDER), BACKEND: sorted(backends), CACHE_DTYPE: dtype_order})])
+    checked = {rel for _, rel in origins}  # a release only benched was never checked
+    data["unchecked"] = unchecked(data["checks"], [rel for rel in releases if rel in checked])
     data["api_changes"] = [{"release": s.release, "before": s.before,
                             "said": {k: t for k in api_history.KINDS if (t := api_history.said(s, k))},
                             "changes": _as_json([asdict(c) for c in s.changes])}
@@ -176,6 +183,20 @@ def report_data(rows: list[Result], since: Sequence[Path] = (), left_out: Iterab
     if earlier:
         data["changes"] = _as_json(asdict(changes.compare(earlier[-1][1], data, since[-1])))
     return data
+
+
+def unchecked(by_check: dict, releases: list[str]) -> dict[str, dict[str, str]]:
+    """Per subject (of `by_check`, report.json's `checks`), each of `releases` (those with result lines) where nothing
+    of it was checked, in release order, with why: `no line` of it there, or `only` the words its lines have (none
+    passed or failed: unsupported, not-run, skipped, not-applicable, a known finding unexercised)."""
+    out = {}
+    for subject, by in by_check.items():
+        out[subject] = {}
+        for rel in releases:
+            words = sorted({w for counts in by.get(rel, {}).values() for w in counts}, key=cells.rank)
+            if not any(cells.outcome_class(w) in cells.CHECKED for w in words):
+                out[subject][rel] = f"only {', '.join(words)}" if words else "no line"
+    return out
 
 
 def performance(lines: Iterable[Timing]) -> dict:
@@ -276,6 +297,15 @@ def _by_rank(counts: Counter) -> dict[str, int]:
 
 def _plain(r: Result) -> dict:
     return {**asdict(r), "outcome": r.outcome.value}
+
+
+def findings(new: list[Result]) -> list[dict]:
+    """The new findings, one per finding (harness.report.keys.finding), in the order their first lines were written:
+    each its newest line with a REPRO line (else its newest), with `lines`, how many result lines it folds."""
+    by: dict[tuple, list[dict]] = defaultdict(list)
+    for r in map(_plain, new):
+        by[keys.finding(r)].append(r)
+    return [{**max(reversed(rs), key=lambda r: (bool(r["repro"]), r["time"])), "lines": len(rs)} for rs in by.values()]
 
 
 def span(subset: Iterable[str], releases: list[str]) -> str:

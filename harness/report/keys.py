@@ -1,12 +1,20 @@
 """The keys a report is compared and searched on: one check of one geometry of one release, as one backend reads it
-(subject, release, backend, cache dtype, geometry, check), each with its outcome class.
+(subject, release, backend, cache dtype, geometry, check), each with its outcome class; and what makes two failing
+result lines one finding.
 
 A key's class is its worst line's (harness.report.cells): one failing example among passes fails the key. A line that
 names several backends (they hand a layer the same geometry) stands for each of them.
+
+A finding is one bug where it shows: the lines of one subject, release, check and geometry (a model's is
+`model:<name>`; the geometry names its cache dtype, and in one release the backends that hand it) that end in the same
+outcome with the same diagnosis up to its numbers (`kind`). Everything else a line holds is how it was found, not what:
+the run (the same subject run twice), the example and its case digest (a kept example's replay item and its
+generated item, or another failing example of the same bug), the sparsity mode, the REPRO line and the time.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import astuple, dataclass
 
@@ -41,3 +49,16 @@ def classes(rows: list[dict]) -> dict[Key, str]:
 def encoded(classes: dict[Key, str]) -> list[list[str]]:
     """The keys as report.json holds them: [subject, release, backend, cache dtype, geometry, check, class]."""
     return [[*astuple(k), c] for k, c in sorted(classes.items())]
+
+
+def kind(diagnosis: str) -> str:
+    """A diagnosis up to its numbers (`1 of 8 differ` and `5 of 8 differ` are one kind of failure)."""
+    return re.sub(r"\d+", "#", diagnosis)
+
+
+def finding(line: dict) -> tuple[str, ...]:
+    """What identifies a failing result line's finding (as report.json holds the line): subject, release, check,
+    geometry, outcome and the kind of its diagnosis. Two lines with the same are one finding, however many runs, items
+    and examples they come from."""
+    return (line["subject"], line["release"], line["check"], line["geometry"], line["outcome"],
+            kind(line["diagnosis"]))

@@ -6,13 +6,12 @@ and the performance lane's column, section and line under the verdict.
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from harness.build import Build
 from harness.matrix import version_key
-from harness.report import cells, lone_failures
+from harness.report import cells, keys, lone_failures
 from harness.report.cells import Mark, says
 from harness.report.fold import check_key, span
 from harness.timings import SLOWER, WITHIN
@@ -22,7 +21,7 @@ LEGEND = ("A cell reads passed/total result lines (every line in the cell, whate
           "fraction and red with any new failure or error; the other words are counted beside it under their marks "
           "(every word and count: Details); a cell where nothing passed reads as its worst mark; · nothing recorded.")
 FIRST_GROUPS = 6  # kinds of new finding on the first screen; the rest under Details
-REPROS_SHOWN = 2  # REPRO lines per kind; all of them are in report.json's new_findings
+REPROS_SHOWN = 2  # REPRO lines per kind; report.json's new_findings has each finding's
 SHOWN = 20  # entries per list of changes or lone failures on the page; all of them are in report.json
 API_TITLE = "Layout API changes: what a consumer can call"
 API_NOTE = ("Against the recorded release before each release here: names of vLLM's layout modules and backend members "
@@ -45,6 +44,7 @@ BENCH_NOTE = ("One row per release, workload and tile: the worst paged / dense r
 BENCH_HEAD = ("release", "workload", "tile", "paged / dense", "geometry", "limit", "roofline", "words")
 BENCH_STALE = "Stale known performance findings (applied, did not happen: remove or narrow them)"
 UNCHECKED = "no conformance lines; benched"  # a subject's summary when only the performance lane has its lines
+NO_LINE = "no line of this subject: nothing checked"  # a release x check row of a release the subject has no line of
 RUNS_NOTE = ("partial: the lines of its releases come from more than one run (a narrower run re-checked some items, "
              "an earlier run's other lines stay); `python -m harness.report --run ID` folds only the runs named.")
 
@@ -61,7 +61,8 @@ class Group:
     releases: tuple[str, ...]
     geometries: tuple[str, ...]
     repros: tuple[str, ...]  # distinct; each check's first ahead of the rest, so the shown ones span the checks
-    count: int
+    count: int  # findings (harness.report.keys.finding)
+    lines: int  # the result lines they fold
 
     @property
     def word(self) -> str:
@@ -73,7 +74,7 @@ def groups(data: dict) -> list[Group]:
     """The new findings by kind, worst first, then the most frequent."""
     by: dict[tuple, list[dict]] = defaultdict(list)
     for r in data["new_findings"]:
-        by[(r["subject"], r["outcome"], re.sub(r"\d+", "#", r["diagnosis"]))].append(r)
+        by[(r["subject"], r["outcome"], keys.kind(r["diagnosis"]))].append(r)
     out = []
     for (subject, outcome, _), rs in by.items():
         checks = sorted({r["check"] for r in rs}, key=check_key)
@@ -82,14 +83,16 @@ def groups(data: dict) -> list[Group]:
         out.append(Group(subject, outcome, rs[0]["diagnosis"], tuple(checks),
                          tuple(r for r in data["releases"] if r in {x["release"] for x in rs}),
                          tuple(g for g in data["geometries"] if g in {x["geometry"] for x in rs}), tuple(repros),
-                         len(rs)))
+                         len(rs), sum(r["lines"] for r in rs)))
     return sorted(out, key=lambda g: (cells.rank(g.outcome), -g.count, g.subject, g.checks))
 
 
 def headline(data: dict, g: Group) -> str:
-    """A kind of new finding in one line: subject · checks · releases · geometries · how many results."""
+    """A kind of new finding in one line: subject · checks · releases · geometries · how many findings (and result
+    lines, where runs or replays folded several into one)."""
+    lines = f" ({count(g.lines, 'result line')})" if g.lines != g.count else ""
     return (f"{g.subject} · {', '.join(g.checks)} · {span(g.releases, data['releases'])} · "
-            f"{where(data, g.geometries)} · {count(g.count, 'result')}")
+            f"{where(data, g.geometries)} · {count(g.count, 'finding')}{lines}")
 
 
 def subjects(data: dict) -> list[str]:
@@ -233,11 +236,11 @@ def source(data: dict, subject: str, release: str) -> str:
     """How the release's contracts were read for a subject's lines, from which vLLM build (harness.build: the
     installed one, or the one the recording was probed from), and which run they come from (and when it ran);
     lines of several runs say so, with each run's count. Only benched there: its performance lines' sources
-    (`replay (bench)`)."""
+    (`replay (bench)`). Neither: NO_LINE, so that its row never reads as a pass."""
     o = data["origins"].get(subject, {}).get(release)
     if o is None:
         bench = data["performance"].get(subject, {}).get(release)
-        return f"{'/'.join(bench['sources'])} (bench)" if bench else "·"
+        return f"{'/'.join(bench['sources'])} (bench)" if bench else NO_LINE
     how = "/".join(o["sources"]) + "".join(f" of {Build(**b)}" for b in o.get("builds", []))
     if len(o["runs"]) == 1:
         return f"{how}, run {o['runs'][0]['run']} at {o['runs'][0]['time']}"
