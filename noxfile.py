@@ -274,9 +274,11 @@ def report(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def bisect(session: nox.Session) -> None:
     """The first vLLM build where a check turns red for a subject (`nox -s bisect -- GOOD BAD [--commits FILE]
-    [--index WHERE] [pytest options]`: harness.bisect): a binary search over matrix.toml's releases from GOOD to
-    BAD, or over vLLM main's per-commit wheels, each build tried live in a fresh venv that is removed after it."""
-    # Run from the repository root (nox's working directory), which `python -m` puts on sys.path for harness.
+    [--index WHERE] [pytest options]`: harness.bisect, which a host project runs as `python -m harness.bisect`): a
+    binary search over matrix.toml's releases from GOOD to BAD, or over vLLM main's per-commit wheels, each build tried
+    live in a fresh venv that is removed after it."""
+    # Run from the repository root (nox's working directory), which `python -m` puts on sys.path for harness: the
+    # checkout is installed editable beside each build, and results go to its results/bisect/.
     session.run(sys.executable, "-m", "harness.bisect", *session.posargs, external=True)
 
 

@@ -1,5 +1,6 @@
-"""The first vLLM build where a chosen check turns red for a subject: `nox -s bisect -- GOOD BAD [--commits FILE]
-[--index WHERE] [pytest options]` (also `python -m harness.bisect ...` from the repository root).
+"""The first vLLM build where a chosen check turns red for a subject: `python -m harness.bisect GOOD BAD
+[--commits FILE] [--index WHERE] [--package REQ] [pytest options]`, from a host project's folder with kvconform
+installed there, or `nox -s bisect -- GOOD BAD ...` in a kvconform checkout.
 
 The builds searched are matrix.toml's releases from GOOD to BAD in matrix order (`main` excluded), or with
 `--commits FILE` (full commit hashes of vLLM main, oldest first, one a line, `#` comments) the commits of FILE from
@@ -7,11 +8,16 @@ GOOD to BAD, each installed from its own wheel: `<WHERE>/<commit>` is that commi
 main commit at https://wheels.vllm.ai/<commit>), or a folder of its wheels where WHERE is a local directory. WHERE is
 --index, else KVCONFORM_COMMIT_WHEELS, else matrix.toml's [nightly] commits.
 
-Each build tried gets a fresh venv (on the interpreter harness.matrix chooses for it) holding it and kvconform, runs
-`python -m pytest --pyargs kvconform.suites --kvconform-release=NAME -p no:cacheprovider [pytest options]` there
-against the installed vLLM (probed live: harness.run.releases), and is removed. pytest's exit status 0 is green, 1
-red; anything else (an install that fails, a commit without a wheel, no tests collected, a usage error) is no
-verdict: the build is skipped, saying why, and the search tries the nearest untried build in its range instead.
+Each build tried gets a fresh venv (on the interpreter harness.matrix chooses for it, under KVCONFORM_VENVS, else
+.nox/vllm of the folder it runs in) holding it, kvconform (from where it is installed: `kvconform_requirement`) and
+the package that holds the subject (--package, repeatable; default `.` where the folder holds pyproject.toml or
+setup.py, other than kvconform's own checkout), runs `python -m pytest --pyargs kvconform.suites
+--kvconform-release=NAME -p no:cacheprovider --hypothesis-seed=0 [pytest options]` there against the installed vLLM
+(probed live: harness.run.releases; the fixed seed draws the same examples on every run unless the options name
+another), and is removed. Each build's logs and result lines go to results/bisect/<build>/ of that folder. pytest's
+exit status 0 is green, 1 red; anything else (an install that fails, a commit without a wheel, no tests collected, a
+usage error) is no verdict: the build is skipped, saying why, and the search tries the nearest untried build in its
+range instead.
 
 `bisect` is the search alone, over candidates and a verdict callable; `verdict_of` installs and runs one build.
 """
@@ -19,10 +25,12 @@ verdict: the build is skipped, saying why, and the search tries the nearest untr
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -35,7 +43,8 @@ from typing import Generic, TypeVar
 
 from harness import build, matrix
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent  # the checkout, or the site-packages kvconform is installed in
+SEED = 0  # --hypothesis-seed of every build's run unless its pytest options name one
 GREEN, RED, SKIPPED = "green", "red", "skipped"
 # pytest's exit statuses other than 0 (all passed) and 1 (some failed): none of them is a verdict on the build.
 _PYTEST_EXIT = {2: "interrupted", 3: "internal error", 4: "usage error", 5: "no tests collected"}
@@ -217,11 +226,13 @@ class Trial:
     live: bool = False
 
 
-# Run in the build's venv: its vLLM as harness.build reads it (the checkout's, on sys.path: a venv of a test need not
-# hold kvconform), then `import vllm`, which must work for the run to probe it live rather than fail on it.
-_BUILD = """import json, sys
-sys.path.insert(0, {root!r})
-from harness import build
+# Run in the build's venv: its vLLM as harness.build reads it (this kvconform's file, loaded alone: a venv of a test
+# need not hold kvconform, and the folder that holds harness may hold another vLLM), then `import vllm`, which must
+# work for the run to probe it live rather than fail on it.
+_BUILD = """import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("kvconform_build", {file!r})
+build = sys.modules["kvconform_build"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(build)
 b = build.installed()
 print("kvconform-build", json.dumps(b and [b.version, b.commit]), flush=True)
 import vllm
@@ -253,9 +264,9 @@ def verdict_of(c: Candidate, trial: Trial) -> Verdict:
         for what, cmd in (("uv venv", ["uv", "venv", "--python", c.python, str(venv)]),
                           ("uv pip install", ["uv", "pip", "install", "--python", python, *c.requirements,
                                               *trial.install])):
-            if rc := _logged(cmd, install_log):
+            if rc := _logged(cmd, install_log, cwd=trial.cwd):
                 return verdict(SKIPPED, f"{what} failed (exit {rc}): {_last_line(install_log)}; log: {install_log}")
-        done = subprocess.run([python, "-c", _BUILD.format(root=str(ROOT))], check=False, capture_output=True,
+        done = subprocess.run([python, "-c", _BUILD.format(file=build.__file__)], check=False, capture_output=True,
                               text=True, stdin=subprocess.DEVNULL)
         said = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("kvconform-build ")]
         found = json.loads(said[0]) if said else None
@@ -350,10 +361,11 @@ def _named(end: Bisection, c: object) -> str:
     return f"{c} ({installed})" if installed else str(c)
 
 
-def parsed(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """The command line: GOOD, BAD and bisect's own options, then the pytest options, in their order."""
+def parsed(argv: Sequence[str], where: Path) -> tuple[argparse.Namespace, list[str]]:
+    """The command line: GOOD, BAD and bisect's own options, then the pytest options, in their order. --package
+    defaults to `.` where `where` (the folder it runs in) holds a project other than kvconform's checkout."""
     ap = argparse.ArgumentParser(
-        prog="nox -s bisect --", allow_abbrev=False,  # pytest's --co must not read as --commits
+        prog="python -m harness.bisect", allow_abbrev=False,  # pytest's --co must not read as --commits
         description="The first vLLM build where a check turns red for a subject; options it does not know go to "
                     "pytest (e.g. --kvconform-subject=mod:Class -k split_agrees).")
     ap.add_argument("good", metavar="GOOD", help="a green release (with --commits: a green commit of FILE)")
@@ -363,28 +375,61 @@ def parsed(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--index", metavar="WHERE",
                     help="with --commits: where <WHERE>/<commit> holds each commit's wheel, an index URL or a local "
                          "directory (default: KVCONFORM_COMMIT_WHEELS, else matrix.toml's [nightly] commits)")
+    ap.add_argument("--package", action="append", metavar="REQ",
+                    help="a requirement of the package that holds the subject, installed with its dependencies into "
+                         "each build's venv (repeatable; default: . where this folder holds pyproject.toml or "
+                         "setup.py, other than kvconform's checkout)")
     args, pytest_args = ap.parse_known_args(argv)
     if args.index and not args.commits:
         ap.error("--index WHERE takes effect only with --commits FILE")
+    if args.package is None:
+        project = any((where / f).is_file() for f in ("pyproject.toml", "setup.py"))
+        args.package = ["."] if project and where.resolve() != ROOT else []
     return args, pytest_args
 
 
-def suites_trial(pytest_args: Sequence[str]) -> Trial:
-    """The nox session's trial: kvconform (with its test extra) beside each build's vLLM, the suites run live from
-    the repository root, each build's results and logs in results/bisect/<build>/."""
+def kvconform_requirement() -> tuple[str, ...]:
+    """The uv pip install arguments that put this kvconform into a build's venv: its checkout, editable, where it
+    runs from one; else where its installation came from (direct_url.json: a folder, an archive, a VCS commit);
+    else its version, from the index."""
+    if (ROOT / "pyproject.toml").is_file() and (ROOT / "conformance").is_dir():
+        return ("-e", str(ROOT))
+    try:
+        dist = importlib.metadata.distribution("kvconform")
+    except importlib.metadata.PackageNotFoundError:
+        raise ValueError(f"{ROOT} holds harness but is neither a kvconform checkout nor kvconform's installation: "
+                         "install kvconform (pip install <kvconform checkout or URL>)") from None
+    came = json.loads(dist.read_text("direct_url.json") or "null")
+    if not came:
+        return (f"kvconform=={dist.version}",)
+    url = came["url"]
+    if vcs := came.get("vcs_info"):
+        url = f"{vcs['vcs']}+{url}@{vcs['commit_id']}"
+    if sub := came.get("subdirectory"):
+        url += f"#subdirectory={sub}"
+    return (f"kvconform @ {url}",)
+
+
+def suites_trial(pytest_args: Sequence[str], packages: Sequence[str], where: Path) -> Trial:
+    """The trial of `python -m harness.bisect` run in folder `where`: kvconform, pytest-xdist (the suites' GPU
+    workers) and `packages` beside each build's vLLM, the suites run live from `where` at the fixed seed unless
+    `pytest_args` name one, each build's results and logs in `where`/results/bisect/<build>/."""
+    seed = [] if any(a.startswith("--hypothesis-seed") for a in pytest_args) else [f"--hypothesis-seed={SEED}"]
 
     def args(c: Candidate, out: Path) -> list[str]:
         return ["--pyargs", "kvconform.suites", f"--kvconform-release={c.release}", "-p", "no:cacheprovider",
-                f"--kvconform-results-dir={out}", *pytest_args]
+                f"--kvconform-results-dir={out}", *seed, *pytest_args]
 
-    venvs = Path(os.environ.get("KVCONFORM_VENVS", ROOT / ".nox" / "vllm"))
-    return Trial(("-e", f"{ROOT}[test]"), args, venvs, ROOT / "results" / "bisect", ROOT, live=True)
+    venvs = Path(os.environ.get("KVCONFORM_VENVS", where / ".nox" / "vllm"))
+    return Trial((*kvconform_requirement(), "pytest-xdist>=3.5", *packages), args, venvs,
+                 where / "results" / "bisect", where, live=True)
 
 
 def main(argv: Sequence[str]) -> int:
     """Exit status 0 when the first red build was found; 1 when the search found none (GOOD or BAD not as said,
-    or skipped builds leaving it open); 2 for a command line that names no search."""
-    args, pytest_args = parsed(argv)
+    or skipped builds leaving it open); 2 for a command line that names no search, or no uv to install builds."""
+    where = Path.cwd()
+    args, pytest_args = parsed(argv, where)
     start = time.perf_counter()
     found = matrix.interpreters()
     try:
@@ -395,12 +440,18 @@ def main(argv: Sequence[str]) -> int:
                                            main_release.interpreter(found), str(args.commits))
         else:
             candidates = release_candidates(args.good, args.bad, found)
+        trial = suites_trial(pytest_args, args.package, where)
     except (ValueError, OSError) as e:
         print(f"bisect: {e}", file=sys.stderr)
         return 2
+    if shutil.which("uv") is None:
+        print("bisect: uv is not on PATH: it makes each build's venv (`python -m pip install uv`)", file=sys.stderr)
+        return 2
+    first = candidates[0]
     print(f"bisect: {len(candidates)} builds from GOOD {args.good} to BAD {args.bad}: "
-          f"{', '.join(map(str, candidates))}; pytest options: {shlex.join(pytest_args) or '(none)'}", flush=True)
-    end = bisection(candidates, suites_trial(pytest_args))
+          f"{', '.join(map(str, candidates))}; installed beside each: {shlex.join(trial.install)}; run in {where}: "
+          f"python -m pytest {shlex.join(trial.pytest_args(first, trial.logs / first.name))}", flush=True)
+    end = bisection(candidates, trial)
     for line in summary_lines(end, time.perf_counter() - start):
         print(line)
     return 0 if isinstance(end, Bisection) and end.first_red is not None else 1

@@ -1,4 +1,5 @@
-"""The release matrix (matrix.toml at the repository root).
+"""The release matrix (matrix.toml at the repository root, shipped in the package as harness/matrix.toml: a link to
+it in the checkout, so that an installed kvconform reads the same file).
 
 `python -m harness.matrix --json [--default]` prints the release names as a JSON list (a CI job matrix);
 `python -m harness.matrix --newest` the newest PyPI release (what CI probes live); `python -m harness.matrix
@@ -32,7 +33,10 @@ from harness import build
 if TYPE_CHECKING:
     from packaging.specifiers import SpecifierSet
 
-PATH = Path(__file__).resolve().parent.parent / "matrix.toml"
+# The repository root's in a checkout (or a copy of one); the package's own where none lies beside harness (an
+# installed kvconform).
+_ROOT_FILE = Path(__file__).resolve().parent.parent / "matrix.toml"
+PATH = _ROOT_FILE if _ROOT_FILE.is_file() else Path(__file__).resolve().parent / "matrix.toml"
 
 
 @dataclass(frozen=True)
@@ -275,24 +279,26 @@ def main(argv: list[str]) -> int:
                                                       "index its result lines name: harness.build)")
     ap.add_argument("--default", action="store_true", help="with --json: only the default subset")
     args = ap.parse_args(argv)
-    if args.newest:
-        print([r.name for r in load() if not r.nightly][-1])
-    elif args.pythons:
-        found = interpreters()
-        for r in load():
-            print(f"{r.name}: python {r.python} -> {r.interpreter(found) or 'none'}")
-        print(found.describe())
-    elif args.requirements or args.index:
-        try:
-            release = get(args.requirements or args.index)
-        except UnknownRelease as e:
-            ap.error(str(e))
-        if args.index:
-            print(vllm_index(release))
+    try:
+        if args.newest:
+            print([r.name for r in load() if not r.nightly][-1])
+        elif args.pythons:
+            found = interpreters()
+            for r in load():
+                print(f"{r.name}: python {r.python} -> {r.interpreter(found) or 'none'}")
+            print(found.describe())
+        elif args.requirements or args.index:
+            try:
+                release = get(args.requirements or args.index)
+            except UnknownRelease as e:
+                ap.error(str(e))
+            print(*([vllm_index(release)] if args.index else [*release.requirements, *index_args(release)]),
+                  sep="\n")
         else:
-            print(*release.requirements, *index_args(release), sep="\n")
-    else:
-        print(json.dumps([r.name for r in (default() if args.default else load())]))
+            print(json.dumps([r.name for r in (default() if args.default else load())]))
+    except (OSError, ValueError) as e:  # matrix.toml missing or malformed: one line naming it, no traceback
+        print(f"python -m harness.matrix: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

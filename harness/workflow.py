@@ -1,10 +1,11 @@
 """The steps of the reusable workflow a consumer repository calls (.github/workflows/kvconform.yml), as commands its
-`run:` blocks call: `plan` prints the releases to check as a JSON job matrix, `annotate` prints a report's new findings
+`run:` blocks call: `plan` prints the releases to check as a JSON job matrix (default and all leave out the releases
+where the subject's capabilities take nothing to check), `annotate` prints a report's new findings
 as GitHub error annotations, `track` keeps one tracking issue per title through `gh` (opened when red, commented on
 while red, closed when green), `previous` downloads the report of the caller's last scheduled run (what the report
 folds `--since`: each cell's history and the last builds that passed carry on from night to night).
 
-    python -m harness.workflow plan default|all|main|0.25.1,0.33.0
+    python -m harness.workflow plan default|all|main|0.25.1,0.33.0 [--capabilities connector]
     python -m harness.workflow previous --dir previous
     python -m harness.workflow annotate results/report.json
     python -m harness.workflow track results/report.json --title TITLE [--label kvconform]
@@ -20,7 +21,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from harness import matrix
+from harness import allocations, api_history, checks, matrix
 
 ANNOTATIONS = 10  # GitHub shows at most 10 error annotations of one step; later ones are dropped silently
 BODY_LIMIT = 60_000  # GitHub refuses an issue or comment body over 65,536 characters
@@ -28,14 +29,15 @@ LABEL = "kvconform"
 REPORT_ARTIFACT = "kvconform-report"  # the report job's upload: report.md, report.json, report.html, JUnit XML
 
 
-def releases(selection: str, path: Path = matrix.PATH) -> list[str]:
-    """The release names `selection` asks for: default (matrix.toml's default subset), all, or a comma list of
-    matrix.toml's names (main among them); a ValueError names each release matrix.toml does not list."""
+def releases(selection: str, capabilities: frozenset[str] = frozenset(), path: Path = matrix.PATH,
+             recordings: Path = api_history.ROOT) -> list[str]:
+    """The release names `selection` asks for: default (matrix.toml's default subset) or all, each less the releases
+    where a subject declaring `capabilities` has nothing checked (none given: none left out), or a comma list of
+    matrix.toml's names (main among them), as named; a ValueError names each release matrix.toml does not list."""
     every = [r.name for r in matrix.load(path)]
-    if selection == "all":
-        return every
-    if selection == "default":
-        return [r.name for r in matrix.default(path)]
+    if selection in ("all", "default"):
+        chosen = every if selection == "all" else [r.name for r in matrix.default(path)]
+        return [r for r in chosen if checked(r, capabilities, recordings)] if capabilities else chosen
     names = list(dict.fromkeys(n.strip() for n in selection.split(",") if n.strip()))
     if not names:
         raise ValueError(f"releases {selection!r} names no release: give default, all, main or a comma list")
@@ -43,6 +45,23 @@ def releases(selection: str, path: Path = matrix.PATH) -> list[str]:
         raise ValueError(f"releases {selection!r}: not in kvconform's matrix.toml: {', '.join(unknown)}; "
                          f"its releases: {', '.join(every)} (or default, all)")
     return names
+
+
+def checked(release: str, capabilities: frozenset[str], recordings: Path = api_history.ROOT) -> bool:
+    """Whether a subject declaring `capabilities` has something checked at `release`, as its recording tells: the
+    connector check (model-transfer) takes only releases whose whole-model allocation the probe read
+    (harness.allocations), every other check each recorded release. A release not recorded counts as checked (its
+    run probes it live). A ValueError names a capability no check needs, and capabilities that take no check."""
+    known = frozenset().union(*(c.needs for c in checks.CHECKS))
+    if unknown := sorted(capabilities - known):
+        raise ValueError(f"capabilities: {', '.join(unknown)} unknown; kvconform's: {', '.join(sorted(known))}")
+    taken = [c for c in checks.CHECKS if c.module and c.needs and c.needs <= capabilities]
+    if not taken:
+        raise ValueError(f"capabilities {', '.join(sorted(capabilities))} take no check: kvconform's checks need "
+                         + "; ".join(sorted({" and ".join(sorted(c.needs)) for c in checks.CHECKS if c.needs})))
+    if any(c is not checks.MODEL_TRANSFER for c in taken) or release not in api_history.releases(recordings):
+        return True
+    return allocations.read(api_history.recorded(release, recordings)) is not None
 
 
 def escaped(text: str, in_property: bool = False) -> str:
@@ -170,7 +189,11 @@ def main(argv: list[str]) -> int:
     """Run one step; the exit status (2: an unknown release, a report it cannot read, or a gh call that failed)."""
     parser = argparse.ArgumentParser(prog="python -m harness.workflow", description=__doc__.splitlines()[0])
     steps = parser.add_subparsers(dest="step", required=True)
-    steps.add_parser("plan").add_argument("selection", help="default, all, main, or a comma list such as 0.25.1,0.33.0")
+    planning = steps.add_parser("plan")
+    planning.add_argument("selection", help="default, all, main, or a comma list such as 0.25.1,0.33.0")
+    planning.add_argument("--capabilities", default="",
+                          help="the subject's capabilities, comma-separated (e.g. connector): default and all leave "
+                               "out the releases where they take nothing to check")
     steps.add_parser("annotate").add_argument("report", type=Path)
     tracking = steps.add_parser("track")
     tracking.add_argument("report", type=Path)
@@ -180,7 +203,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         if args.step == "plan":
-            print(json.dumps(releases(args.selection)))
+            capabilities = frozenset(c.strip() for c in args.capabilities.split(",") if c.strip())
+            print(json.dumps(releases(args.selection, capabilities)))
         elif args.step == "annotate":
             sys.stdout.writelines(line + "\n" for line in annotations(loaded(args.report)))
         elif args.step == "previous":

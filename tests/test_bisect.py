@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
+import os
 import platform
+import re
+import shlex
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from envs import fake_vllm_wheel
+from envs import fake_vllm_wheel, one_build_at_a_time, venv_seeing_these_packages
 
 from harness import bisect as b
 from harness import matrix
@@ -245,19 +250,66 @@ def test_commit_candidates_install_main_from_each_commit_s_index(tmp_path):
 
 
 def test_options_it_does_not_know_go_to_pytest_in_order():
-    args, rest = b.parsed(["0.22.1", "0.33.0", "--kvconform-subject=m:C", "-k", "split_agrees and not x", "--co"])
+    args, rest = b.parsed(["0.22.1", "0.33.0", "--kvconform-subject=m:C", "-k", "split_agrees and not x", "--co"],
+                          REPO)
     assert (args.good, args.bad, args.commits) == ("0.22.1", "0.33.0", None)
     assert rest == ["--kvconform-subject=m:C", "-k", "split_agrees and not x", "--co"], "--co is not --commits"
 
 
-def test_the_suites_trial_runs_kvconform_live_on_the_build_s_release():
-    trial = b.suites_trial(["-k", "split_agrees"])
+def test_the_package_is_the_host_project_where_one_holds_it_and_as_named(tmp_path):
+    assert b.parsed(["0.22.1", "0.33.0"], tmp_path)[0].package == [], "a folder of no project installs none"
+    for marker in ("pyproject.toml", "setup.py"):
+        project = tmp_path / marker.split(".")[0]
+        project.mkdir()
+        (project / marker).write_text("")
+        assert b.parsed(["0.22.1", "0.33.0"], project)[0].package == ["."], marker
+    assert b.parsed(["0.22.1", "0.33.0"], REPO)[0].package == [], "kvconform's checkout is no host project"
+    args, rest = b.parsed(["0.22.1", "0.33.0", "--package", "mypkg[gpu]", "--package=./sub", "-x"], tmp_path)
+    assert (args.package, rest) == (["mypkg[gpu]", "./sub"], ["-x"])
+
+
+def test_the_suites_trial_runs_kvconform_live_on_the_build_s_release_in_the_folder_at_a_fixed_seed(tmp_path,
+                                                                                                   monkeypatch):
+    monkeypatch.delenv("KVCONFORM_VENVS", raising=False)
+    trial = b.suites_trial(["-k", "split_agrees"], ["."], tmp_path)
     c = b.Candidate("0.23.0", "0.23.0", ("vllm==0.23.0",), "/x/python3", ">=3.10", "https://pypi.org/simple")
     out = Path("/r/0.23.0")
     assert list(trial.pytest_args(c, out)) == ["--pyargs", "kvconform.suites", "--kvconform-release=0.23.0", "-p",
-                                               "no:cacheprovider", f"--kvconform-results-dir={out}", "-k",
-                                               "split_agrees"]
-    assert trial.install == ("-e", f"{REPO}[test]") and trial.live and trial.cwd == REPO
+                                               "no:cacheprovider", f"--kvconform-results-dir={out}",
+                                               "--hypothesis-seed=0", "-k", "split_agrees"]
+    assert trial.install == ("-e", str(REPO), "pytest-xdist>=3.5", ".") and trial.live
+    assert (trial.cwd, trial.logs, trial.venvs) == (tmp_path, tmp_path / "results" / "bisect",
+                                                    tmp_path / ".nox" / "vllm")
+    seeded = b.suites_trial(["--hypothesis-seed=7"], [], tmp_path).pytest_args(c, out)
+    assert [a for a in seeded if "seed" in a] == ["--hypothesis-seed=7"], "a seed the options name is kept"
+
+
+class _Installed:
+    """A stand-in for kvconform's installed distribution, with what its direct_url.json says (None: no file)."""
+
+    version = "0.1.0"
+
+    def __init__(self, direct_url: dict | None):
+        self.direct_url = direct_url
+
+    def read_text(self, name: str) -> str | None:
+        assert name == "direct_url.json"
+        return None if self.direct_url is None else json.dumps(self.direct_url)
+
+
+@pytest.mark.parametrize(("direct_url", "requirement"), [
+    (None, "kvconform==0.1.0"),
+    ({"url": "file:///src/kvconform", "dir_info": {}}, "kvconform @ file:///src/kvconform"),
+    ({"url": "https://github.com/o/kvconform", "vcs_info": {"vcs": "git", "commit_id": "ab12"}},
+     "kvconform @ git+https://github.com/o/kvconform@ab12"),
+    ({"url": "https://github.com/o/mono", "vcs_info": {"vcs": "git", "commit_id": "ab12"}, "subdirectory": "kv"},
+     "kvconform @ git+https://github.com/o/mono@ab12#subdirectory=kv"),
+])
+def test_an_installed_kvconform_is_installed_again_from_where_it_came(tmp_path, monkeypatch, direct_url,
+                                                                      requirement):
+    monkeypatch.setattr(b, "ROOT", tmp_path)  # site-packages: no checkout around harness
+    monkeypatch.setattr(b.importlib.metadata, "distribution", lambda name: _Installed(direct_url))
+    assert b.kvconform_requirement() == (requirement,)
 
 
 def test_summary_says_the_first_red_the_tried_and_the_skipped():
@@ -369,3 +421,60 @@ def test_per_commit_wheels_are_one_setting_and_bad_ends_stop_before_installing(t
     with pytest.raises(SystemExit):
         b.main(["0.22.1", "0.33.0", "--index", str(tmp_path)])
     assert "--index WHERE takes effect only with --commits FILE" in capsys.readouterr().err
+
+
+# From a host project: kvconform installed non-editable (harness in site-packages, no checkout around it), run in
+# the project's folder. A stand-in uv records what each build would install, then refuses, so no vLLM is installed.
+UV = r'''
+import json, os, sys
+with open(os.environ["UV_CALLS"], "a") as calls:
+    calls.write(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd()}) + "\n")
+if sys.argv[1] == "venv":
+    os.makedirs(sys.argv[-1], exist_ok=True)
+else:
+    sys.exit("stand-in uv: installs nothing")
+'''
+
+
+def test_from_a_host_project_the_installed_commands_read_the_matrix_and_plan_in_its_folder(tmp_path,
+                                                                                          tmp_path_factory):
+    env_dir = venv_seeing_these_packages(tmp_path / "env")
+    with one_build_at_a_time(tmp_path_factory):
+        subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
+                        "--disable-pip-version-check", str(REPO)], check=True, capture_output=True)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[project]\nname = "mypkg"\nversion = "0"\n')
+    (tmp_path / "uv").write_text(f"#!{sys.executable}\n{UV}")
+    (tmp_path / "uv").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("KVCONFORM_VENVS", "PYTHONPATH")}
+    env.update(PATH=f"{tmp_path}{os.pathsep}{env_dir / 'bin'}{os.pathsep}{os.environ['PATH']}",
+               UV_CALLS=str(tmp_path / "calls.jsonl"))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(env_dir / "bin" / "python"), *args], cwd=project, env=env, capture_output=True,
+                              text=True, timeout=300, check=False)
+
+    done = run("-m", "harness.matrix", "--requirements", "0.9.2")
+    assert (done.returncode, done.stdout.splitlines()) == (0, ["vllm==0.9.2", "transformers<4.54"]), done.stderr
+    where = run("-c", "from harness import matrix; print(matrix.PATH)").stdout.strip()
+    assert where.startswith(str(env_dir)) and where.endswith("harness/matrix.toml"), where
+    done = run("-m", "harness.bisect", "0.24.0", "0.22.1")
+    assert done.returncode == 2 and done.stderr == "bisect: GOOD 0.24.0 must come before BAD 0.22.1 in " \
+        f"{where}'s release order\n", done.stderr
+    documented = re.search(r"^ {4}python (-m harness\.bisect .*)$", (REPO / "docs" / "suites.md").read_text(), re.M)
+    assert documented, "docs/suites.md's bisect section shows the command a host project runs"
+    done = run(*shlex.split(documented.group(1)))  # 0.22.1 0.24.0 --kvconform-subject=... -k model_transfer
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in out, out
+    assert "bisect: stopped: GOOD 0.22.1 is not green: skipped (uv pip install failed (exit 1): stand-in uv: " \
+           "installs nothing; log: " + str(project / "results" / "bisect" / "0.22.1" / "install.log") in out, out
+    assert (f"run in {project}: python -m pytest --pyargs kvconform.suites --kvconform-release=0.22.1 -p "
+            f"no:cacheprovider --kvconform-results-dir={project / 'results' / 'bisect' / '0.22.1'} "
+            "--hypothesis-seed=0 --kvconform-subject=mypkg.kvconform:MyConnector -k model_transfer") in out, out
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    venv = project / ".nox" / "vllm" / "bisect-0.22.1"
+    assert [c["argv"][:2] for c in calls] == [["venv", "--python"], ["pip", "install"]], calls
+    assert calls[0]["argv"][-1] == str(venv) and not venv.exists(), "the venv is the project's, and removed"
+    assert calls[1]["argv"][4:] == ["vllm==0.22.1", f"kvconform @ {REPO.as_uri()}", "pytest-xdist>=3.5", "."]
+    assert calls[1]["cwd"] == str(project), "`.` is the host project"

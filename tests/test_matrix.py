@@ -179,3 +179,14 @@ def test_pythons_command_prints_each_release_s_choice(tmp_path):
     out = subprocess.run([sys.executable, "-m", "harness.matrix", "--pythons"], cwd=REPO, capture_output=True,
                          text=True, check=True, env={**os.environ, "PATH": str(tmp_path)}).stdout
     assert f"0.33.0: python >=3.11,<3.15 -> 3.11.7 ({tmp_path / 'python3.11'})" in out.splitlines()
+
+
+def test_a_matrix_it_cannot_read_is_one_line_naming_it(monkeypatch, capsys):
+    def missing(name, path=matrix.PATH):
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+
+    monkeypatch.setattr(matrix, "get", missing)
+    assert matrix.main(["--requirements", "0.25.1"]) == 2
+    out = capsys.readouterr()
+    assert not out.out and out.err == (f"python -m harness.matrix: [Errno 2] No such file or directory: "
+                                       f"'{matrix.PATH}'\n"), out.err

@@ -6,6 +6,8 @@ records each call; and broken copies of those commands fail the same checks."""
 import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,13 +62,72 @@ def test_the_readme_caller_passes_actionlint(tmp_path):
 
 
 @pytest.mark.parametrize("old, new, message", [
-    ('subject: "mypkg.kvconform:MyConnector", ', "", 'input "subject" is required'),
+    ('subject: "mypkg.kvconform:MyConnector",', "", 'input "subject" is required'),
     ("subject:", "subjects:", 'input "subjects" is not defined'),
+    ("kvconform-repository: OWNER/kvconform, ", "", 'input "kvconform-repository" is required'),
 ])
 def test_a_caller_with_a_wrong_input_fails_actionlint(tmp_path, old, new, message):
     assert old in CALLER
     done = caller_lint(tmp_path, CALLER.replace(old, new))
     assert done.returncode != 0 and message in done.stdout, done.stdout
+
+
+def test_the_readme_caller_checks_out_the_kvconform_it_calls_and_no_input_defaults_to_a_placeholder():
+    called = yaml.safe_load(CALLER)["jobs"]["kvconform"]
+    assert called["with"]["kvconform-repository"] == called["uses"].split("/.github/")[0], called
+    inputs = yaml.safe_load(REUSABLE.read_text())[True]["workflow_call"]["inputs"]  # YAML 1.1 reads `on` as True
+    assert inputs["kvconform-repository"].get("required") is True and "default" not in inputs["kvconform-repository"]
+    assert not [name for name, i in inputs.items() if "OWNER" in str(i.get("default", ""))], inputs
+
+
+def test_a_forks_pull_request_runs_no_job_on_self_hosted_runners():
+    # GitHub evaluates the condition; here: the plan job carries it, every other job needs the plan (a skipped plan
+    # skips them), and the README says so.
+    jobs = yaml.safe_load(REUSABLE.read_text())["jobs"]
+    assert " ".join(jobs["plan"]["if"].split()) == (
+        "github.event_name != 'pull_request' || github.event.pull_request.head.repo.full_name == github.repository "
+        "|| !contains(fromJSON(inputs.runner), 'self-hosted')")
+    assert jobs["conformance"]["needs"] == "plan" and "if" not in jobs["conformance"]
+    assert "plan" in jobs["report"]["needs"] and "needs.plan.result == 'success'" in jobs["report"]["if"]
+    docs = " ".join((REPO / "docs" / "suites.md").read_text().split())
+    assert "the workflow skips every job of a fork's pull request" in docs
+
+
+def test_the_readme_says_which_artifact_holds_an_annotations_kept_example():
+    # The conformance job keeps its examples under results/regressions (the plugin's default beside
+    # --kvconform-results-dir=results) and uploads results/ as kvconform-results-<release>: the README's download
+    # puts that artifact back at results/, where the REPRO line's --kvconform-results-dir=results reads them.
+    steps = yaml.safe_load(REUSABLE.read_text())["jobs"]["conformance"]["steps"]
+    assert "--kvconform-results-dir=results " in steps[-2]["run"]
+    assert (steps[-1]["with"]["name"], steps[-1]["with"]["path"]) == ("kvconform-results-${{ matrix.release }}",
+                                                                      "results")
+    assert re.search(r"^ +gh run download RUN_ID -n kvconform-results-0\.33\.0 -D results ",
+                     (REPO / "docs" / "suites.md").read_text(), re.M)
+
+
+def test_an_annotations_repro_reproduces_in_another_folder_from_the_downloaded_artifact(tmp_path):
+    # The conformance job's pytest step as written, for a consumer that breaks split-agrees on 0.25.1 (replayed,
+    # few examples); its report's REPRO line (what the annotation says), run as the README says: in another folder,
+    # with the job's results/ downloaded into results/ and this venv's python in place of the runner's.
+    workspace, local = tmp_path / "workspace", tmp_path / "local"
+    workspace.mkdir()
+    env = {**os.environ, "RELEASE": "0.25.1", "SUBJECT": "breakages.flexkv_187:KvFirst",
+           "PYTHONPATH": str(REPO / "examples"),
+           "PYTEST_ADDOPTS": "-p no:cacheprovider -x -k 'split_agrees and not regression' "
+                             "--hypothesis-profile=kvconform-find"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # the install step's venv first on PATH
+    done = bash(scripts("conformance")[-1]["run"], env, workspace)
+    assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]
+    data = json.loads(report(workspace / "results", []).read_text())
+    (f,) = data["new_findings"]
+    command = shlex.split(f["repro"].split(" :: ", 1)[1])
+    assert command[1:3] == ["-m", "pytest"], command
+    shutil.copytree(workspace / "results", local / "results")  # gh run download ... -D results
+    env.pop("PYTEST_ADDOPTS")
+    again = run(sys.executable, *command[1:], "-p", "no:cacheprovider", "-rA", env=env, cwd=local)
+    ran = re.findall(r"^(PASSED|FAILED|ERROR) (\S+)", again.stdout, re.M)
+    assert again.returncode == 1 and [w for w, _ in ran] == ["FAILED"], again.stdout[-3000:]
+    assert "regression" in ran[0][1], ran
 
 
 def run(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -118,16 +179,22 @@ def bash(script: str, env: dict, cwd: Path) -> subprocess.CompletedProcess:
     return run("bash", "--noprofile", "--norc", "-e", "-c", script, env=env, cwd=cwd)
 
 
-@pytest.mark.parametrize("selection, releases", [
-    ("default", [r.name for r in matrix.default()]),
-    ("0.25.1, main", ["0.25.1", "main"]),
-    ("0.25.1,9.9.9", "not in kvconform's matrix.toml: 9.9.9;"),
+@pytest.mark.parametrize("selection, capabilities, releases", [
+    ("default", "", [r.name for r in matrix.default()]),
+    ("default", "split,forward", [r.name for r in matrix.default()]),
+    # A connector checks nothing where the whole-model allocation was not read: 0.8.5.post1 to 0.10.2.
+    ("default", "connector", [r.name for r in matrix.default() if r.name != "0.8.5.post1"]),
+    ("all", "connector", [r.name for r in matrix.load()][3:]),
+    ("0.25.1, main", "connector", ["0.25.1", "main"]),
+    ("0.25.1,9.9.9", "", "not in kvconform's matrix.toml: 9.9.9;"),
+    ("default", "conector", "capabilities: conector unknown; kvconform's: autotune, connector, forward, split, "),
 ])
 def test_the_plan_step_gives_the_job_matrix_or_fails_naming_an_unknown_release(tmp_path, runner, selection,
-                                                                               releases):
+                                                                               capabilities, releases):
     (step,) = scripts("plan")
     output = tmp_path / "output"
-    done = bash(step["run"], {**runner, "RELEASES": selection, "GITHUB_OUTPUT": str(output)}, REPO)
+    done = bash(step["run"], {**runner, "RELEASES": selection, "CAPABILITIES": capabilities,
+                              "GITHUB_OUTPUT": str(output)}, REPO)
     if isinstance(releases, list):
         assert done.returncode == 0 and output.read_text() == f"releases={json.dumps(releases)}\n", done.stderr
     else:  # no output at all: an empty matrix would pass as a run of nothing
@@ -396,10 +463,12 @@ def annotation_problems(out: str, report: dict) -> list[str]:
 
 @pytest.fixture(scope="module")
 def twelve(tmp_path_factory) -> Path:
-    """report.json with 12 new findings, the first with a diagnosis a workflow command must escape."""
-    odd = "100% of 8 elements differ,\r\nthe first at block 3: axis N"
-    return report(tmp_path_factory.mktemp("results"), [finding("0.25.1", n, odd if n == 0 else "1 of 8 elements differ")
-                                                        for n in range(12)])
+    """report.json with 12 new findings (one a release: the failing lines of one release, check and geometry with one
+    kind of diagnosis are one finding), each with a diagnosis a workflow command must escape."""
+    releases = [r.name for r in matrix.load()][:12]
+    return report(tmp_path_factory.mktemp("results"), [
+        finding(rel, n, f"100% of 8 elements differ,\r\nthe first at block {n}: axis N")
+        for n, rel in enumerate(releases)])
 
 
 @pytest.mark.parametrize("breakage, problem", [
@@ -411,7 +480,7 @@ def twelve(tmp_path_factory) -> Path:
 ])
 def test_annotate_prints_ten_escaped_errors_and_counts_the_rest(twelve, breakage, problem):
     data = json.loads(twelve.read_text())
-    assert len(data["new_findings"]) == 12 and "%" in data["new_findings"][0]["diagnosis"]
+    assert len(data["new_findings"]) == 12 and all("%" in f["diagnosis"] for f in data["new_findings"])
     done = run(*command(breakage), "annotate", str(twelve))
     assert done.returncode == 0, done.stderr
     found = annotation_problems(done.stdout, data)
