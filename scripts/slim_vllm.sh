@@ -22,6 +22,7 @@
 #     run on a GPU).
 # Unpack on the GPU host with scripts/gpu_live.sh.
 set -euo pipefail
+[ $# -ge 1 ] || { sed -n '7,23p' "$0"; exit 2; }
 release=$1
 here=$(cd "$(dirname "$0")" && pwd)
 files=${2:-$here/vllm-$release-files.txt}
