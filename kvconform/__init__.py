@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -403,10 +404,10 @@ def _default_regressions(config: pytest.Config, subject: str, results_dir: Path)
 def _named(request: pytest.FixtureRequest, test: str) -> str:
     """How a command started where this run was names test `test` of the request's suite module, ready to paste:
     the module's file relative to that folder where it lies under it (a kvconform checkout), else the installed
-    module through --pyargs (a host project: kvconform's files are not there)."""
+    module through --pyargs (a host project: kvconform's files are not there, or lie in a venv inside it)."""
     path = Path(request.module.__file__).resolve()
     here = Path(request.config.invocation_params.dir).resolve()
-    if path.is_relative_to(here):
+    if path.is_relative_to(here) and not path.is_relative_to(Path(sysconfig.get_paths()["purelib"]).resolve()):
         return shlex.quote(f"{path.relative_to(here)}::{test}")
     # A suite file is importable as kvconform.suites.<name> wherever kvconform is installed, whatever name this
     # run imported it under (conformance.<name> in a checkout); a bare checkout has no kvconform.suites at all.

@@ -25,14 +25,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    """A throwaway project and a venv (this one's packages, kvconform not among them) with kvconform installed from
-    the checkout, non-editable."""
+    """A throwaway project and a venv inside it, as many projects keep theirs (this one's packages, kvconform not
+    among them), with kvconform installed from the checkout, non-editable: its suites lie under the project folder,
+    in site-packages, and are still named as the installed module."""
     root = tmp_path_factory.mktemp("host")
-    venv_seeing_these_packages(root / "env")
-    with one_build_at_a_time(tmp_path_factory):
-        subprocess.run([str(root / "env" / "bin" / "python"), "-m", "pip", "install", "-q",
-                        "--disable-pip-version-check", str(REPO)], check=True, capture_output=True)
     (root / "project").mkdir()
+    venv_seeing_these_packages(root / "project" / ".venv")
+    with one_build_at_a_time(tmp_path_factory):
+        subprocess.run([str(root / "project" / ".venv" / "bin" / "python"), "-m", "pip", "install", "-q",
+                        "--disable-pip-version-check", str(REPO)], check=True, capture_output=True)
     return root
 
 
@@ -42,7 +43,8 @@ def _plain(**env: str) -> dict[str, str]:
 
 
 def _shell(host: Path, command: str, activated: bool = True) -> subprocess.CompletedProcess:
-    script = f". {shlex.quote(str(host / 'env' / 'bin' / 'activate'))}\n{command}" if activated else command
+    venv = host / "project" / ".venv"
+    script = f". {shlex.quote(str(venv / 'bin' / 'activate'))}\n{command}" if activated else command
     env = _plain(PYTHONPATH=str(REPO / "examples"))  # the gallery consumers, as the README runs them
     return subprocess.run(["bash", "-c", script], cwd=host / "project", capture_output=True, text=True, env=env,
                           timeout=900)
@@ -68,7 +70,8 @@ def test_printed_commands_paste_from_a_host_project(host):
     assert failed > 3 and len(re.findall(r"(Falsifying|Failing) explicit example", failures)) == 3, out[-3000:]
     assert failures.count("of this process, shown short; every result line is in") == failed - 3, out[-3000:]
     repro = re.findall(r"^E\s+(REPRO .*)$", out, re.M)[0]
-    python = shlex.quote(str(host / "env" / "bin" / "python"))  # the interpreter that ran, whatever PATH holds
+    # The interpreter that ran, whatever PATH holds.
+    python = shlex.quote(str(host / "project" / ".venv" / "bin" / "python"))
     shrink = re.findall(r"the shrunk one: (.* -m pytest .*)$", out, re.M)[0]
     assert shrink.startswith(f"{python} -m pytest --pyargs 'kvconform.suites.test_split::test_split_agrees["), shrink
     assert f" :: {python} -m pytest --pyargs kvconform.suites.test_split::test_split_agrees_regression " in repro, repro

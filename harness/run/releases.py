@@ -102,6 +102,6 @@ def _how_to_record(name: str) -> str:
         matrix.get(name)
     except matrix.UnknownRelease:
         return f"add it to kvconform's matrix.toml, then run `nox -s probe -- {name}` in a kvconform checkout"
-    except OSError:  # an installed kvconform ships its recordings, not matrix.toml
+    except OSError:  # matrix.toml unreadable: the recording is still the way in
         pass
     return f"run `nox -s probe -- {name}` in a kvconform checkout (or install vllm=={name} and run live)"
