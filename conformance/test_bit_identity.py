@@ -1,7 +1,7 @@
 """Paged forward over the subject's own split of the release's kv_cache is bit-identical to its dense forward."""
 
 from harness import checks
-from harness.run.trial import compare
+from harness.checks.outcome import compare
 
 CHECK = checks.BIT_IDENTITY  # its declaration: what it needs, costs and draws
 

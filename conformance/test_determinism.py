@@ -1,7 +1,7 @@
 """The same inputs through the paged forward twice give the same bits."""
 
 from harness import checks
-from harness.run.trial import compare
+from harness.checks.outcome import compare
 
 CHECK = checks.DETERMINISM  # its declaration: what it needs, costs and draws
 

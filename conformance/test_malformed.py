@@ -5,11 +5,11 @@ raises naming no shape, accepted it. An example is malformed in every way that s
 regression in the one way it was found); what an example costs is drawing it, and each way is one more call."""
 
 from harness import checks
+from harness.checks.outcome import Outcome
 from harness.contract import ContractError, views
 from harness.layer import in_force
 from harness.results import Word
 from harness.strategies import MALFORMATIONS
-from harness.run.trial import Outcome
 
 CHECK = checks.REJECTS_MALFORMED  # its declaration: what it needs, costs and draws
 # Each malformation (harness.strategies.MALFORMATIONS) breaks the contract in a way that is visible without knowing

@@ -20,8 +20,8 @@ import torch
 
 from harness import checks, reference
 from harness.cases import Case
+from harness.checks.outcome import Outcome
 from harness.results import Word
-from harness.run.trial import Outcome
 from harness.subjects import SparsitySemantics, TileConfig, semantics_of
 
 CHECK = checks.ORACLE  # its declaration: what it needs, costs and draws

@@ -5,10 +5,10 @@ stride of an axis of size 1 addresses nothing (torch leaves it free), so strides
 not 1."""
 
 from harness import checks, costs
+from harness.checks.outcome import Outcome
 from harness.compare import view_mismatch
 from harness.contract import views
 from harness.results import Word
-from harness.run.trial import Outcome
 
 CHECK = checks.SPLIT_AGREES  # its declaration: what it needs, costs and draws
 

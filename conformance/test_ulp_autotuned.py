@@ -59,9 +59,9 @@ import torch
 
 from harness import checks
 from harness.cases import Case
+from harness.checks.outcome import Outcome
 from harness.compare import diagnose
 from harness.results import Word
-from harness.run.trial import Outcome
 from harness.subjects import TileConfig
 
 CHECK = checks.ULP_AUTOTUNED  # its declaration: what it needs, costs and draws

@@ -11,9 +11,9 @@ import torch
 
 from harness import checks
 from harness.cache import read
+from harness.checks.outcome import Outcome, compare
 from harness.contract import views
 from harness.results import Word
-from harness.run.trial import Outcome, compare
 
 CHECK = checks.VLLM_WRITE  # its declaration: what it needs, costs and draws
 

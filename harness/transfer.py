@@ -12,19 +12,24 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 from hypothesis import strategies as st
 
 from harness import model
 from harness.cache import Paging
+from harness.checks.outcome import Outcome, compare
 from harness.compare import bits
 from harness.contract import Contract, views
 from harness.contract.views import poison
 from harness.layer import Layer, in_force
 from harness.results import Word
-from harness.run.trial import Outcome, Trial, compare
-from harness.strategies import Example, Sizes, ambiguous, cases, examples as placed, num_blocks
+from harness.strategies import Example, Sizes, ambiguous, cases, num_blocks
+from harness.strategies import examples as placed
+
+if TYPE_CHECKING:  # the runner hands a check its trial: an annotation here, never an import of the runner
+    from harness.run.trial import Trial
 
 SMALL = (2, 3)
 

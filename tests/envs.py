@@ -5,6 +5,7 @@ wheels (a stand-in for an index)."""
 import contextlib
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -51,3 +52,17 @@ def fake_vllm_wheel(where: Path, version: str, files: dict[str, str] | None = No
         for name, text in {**files, f"{dist}/RECORD": record}.items():
             z.writestr(name, text)
     return whl
+
+
+def fresh_copy(where: Path) -> Path:
+    """The working tree's files that git tracks or would add (ignored ones aside) copied to `where`, links as
+    links: what a clone of this tree would hold, without its build outputs or an install."""
+    repo = Path(__file__).resolve().parent.parent
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=repo, capture_output=True,
+                            check=True).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source, target = repo / name, where / name
+        if source.is_symlink() or source.exists():  # a tracked file deleted in the working tree is not copied
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target, follow_symlinks=False)
+    return where

@@ -18,7 +18,8 @@ import pytest
 from hypothesis import settings
 
 from harness import checks, findings, fixtures, profiles, strategies
-from harness.run import draws, loop, session as sessions, targets as targeting, trial
+from harness.checks.outcome import Outcome
+from harness.run import draws, loop, session as sessions, targets as targeting
 from kvconform.suites import test_malformed, test_relayout, test_split
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
@@ -297,7 +298,7 @@ def _drawn(tmp_path, session):
 
     def record(t):
         seen.append(t.example.digest())
-        return trial.Outcome("rejected")
+        return Outcome("rejected")
 
     # 300 generated examples: a view check draws at least max_examples.
     loop.Loop(session, "t", 300).run(target, checks.REJECTS_MALFORMED, record)

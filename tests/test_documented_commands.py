@@ -18,15 +18,14 @@ import ast
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import sysconfig
 import tomllib
 from pathlib import Path
 
-import pytest
 import yaml
+from envs import fresh_copy
 from test_noxfile import _nox, _nox_sessions
 
 from harness import matrix, results
@@ -210,19 +209,6 @@ def test_documented_scripts_print_their_usage_without_arguments():
     for script in scripts:
         done = subprocess.run(["bash", script], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and f"{script} RELEASE" in done.stdout, (script, done.stdout, done.stderr)
-
-
-def fresh_copy(where: Path) -> Path:
-    """The working tree's files that git tracks or would add (ignored ones aside) copied to `where`, links as
-    links: what a clone of this tree would hold, without its build outputs or an install."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
-                            check=True).stdout.decode()
-    for name in filter(None, listed.split("\0")):
-        source, target = REPO / name, where / name
-        if source.is_symlink() or source.exists():  # a tracked file deleted in the working tree is not copied
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target, follow_symlinks=False)
-    return where
 
 
 def test_a_host_project_runs_the_readmes_breakage_command(tmp_path):

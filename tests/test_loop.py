@@ -13,8 +13,9 @@ from _pytest.mark.expression import Expression  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 from harness import checks, findings, fixtures, profiles, results  # noqa: E402
-from harness.run import coverage, draws, loop, regressions, session as sessions, targets as targeting, trial  # noqa: E402
+from harness.checks.outcome import Outcome  # noqa: E402
 from harness.results import Word  # noqa: E402
+from harness.run import coverage, draws, loop, regressions, session as sessions, targets as targeting  # noqa: E402
 
 profiles.register()
 
@@ -35,7 +36,7 @@ def _run(session, check, examples=3):
 
 def test_a_check_over_a_target_records_one_result_per_example(session):
     def agrees(t):
-        return trial.Outcome(Word.BIT_IDENTICAL)
+        return Outcome(Word.BIT_IDENTICAL)
 
     settled = _run(session, agrees)
     explicit = draws.of(checks.SPLIT_AGREES).explicit(targeting.targets(session)[0].contract, session.sizes)
@@ -48,7 +49,7 @@ def test_a_check_over_a_target_records_one_result_per_example(session):
 
 def test_a_new_finding_raises_with_one_repro_line_and_keeps_the_shrunk_example(session):
     def differs(t):
-        return trial.Outcome(Word.DIFFERS, "planted")
+        return Outcome(Word.DIFFERS, "planted")
 
     with pytest.raises(loop.NewFinding) as e:
         _run(session, differs)
@@ -62,7 +63,7 @@ def test_a_new_finding_raises_with_one_repro_line_and_keeps_the_shrunk_example(s
 def test_the_repro_lines_k_selects_the_replay_item_of_its_release_only(session, tmp_path):
     # Both releases hand the failing geometry, so the kept example is replayed once per release, under one digest.
     def differs(t):
-        return trial.Outcome(Word.DIFFERS, "planted")
+        return Outcome(Word.DIFFERS, "planted")
 
     with pytest.raises(loop.NewFinding) as e:
         _run(session, differs)
@@ -107,16 +108,16 @@ def test_a_known_finding_settles_instead_of_raising(session, tmp_path):
     session.findings = findings.load("builtin", tmp_path / "known")
 
     def differs(t):
-        return trial.Outcome(Word.DIFFERS, "planted")
+        return Outcome(Word.DIFFERS, "planted")
 
     settled = _run(session, differs)
     assert list(settled.known) == ["builtin#1"] and settled.failure is None
 
 
 def test_outcome_words_are_the_enum():
-    assert trial.Outcome("differs").word is Word.DIFFERS and not Word.DIFFERS.passing and Word.REJECTED.passing
+    assert Outcome("differs").word is Word.DIFFERS and not Word.DIFFERS.passing and Word.REJECTED.passing
     with pytest.raises(ValueError):
-        trial.Outcome("passed-ish")
+        Outcome("passed-ish")
 
 
 def test_items_run_regressions_then_cheap_checks_then_the_oracle_then_kernels():
@@ -164,7 +165,7 @@ def test_a_narrower_run_keeps_the_earlier_runs_other_lines_and_says_stale_of_its
                          known, "cpu", f"{name}-main", "", run=name)
         for t in which:
             loop.Loop(s, "pytest suite::check", 1).run(targeting.targets(s)[t], checks.SPLIT_AGREES,
-                                                       lambda t: trial.Outcome(Word.BIT_IDENTICAL))
+                                                       lambda t: Outcome(Word.BIT_IDENTICAL))
         s.sink.merge(s.releases)
         return s
 

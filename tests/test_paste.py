@@ -12,13 +12,12 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from envs import one_build_at_a_time, venv_seeing_these_packages
+from envs import fresh_copy, one_build_at_a_time, venv_seeing_these_packages
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -147,16 +146,7 @@ def test_a_repro_line_whose_kept_example_is_not_here_says_where_it_comes_from(ch
 def test_a_repro_line_pastes_in_a_bare_checkout(tmp_path):
     """A checkout where kvconform is importable from the folder alone (no install, no editable finder: python -S
     with this venv's site-packages on PYTHONPATH): the REPRO line starts that interpreter with -S as the run did."""
-    bare = tmp_path / "bare"
-    bare.mkdir()
-    archive = subprocess.run(["git", "archive", "HEAD"], cwd=REPO, capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(bare)], input=archive, check=True)
-    changed = subprocess.run(["git", "ls-files", "-m", "-o", "--exclude-standard"], cwd=REPO, capture_output=True,
-                             text=True, check=True).stdout.split()
-    for name in changed:  # the working tree's changes over HEAD
-        if (REPO / name).is_file():
-            (bare / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(REPO / name, bare / name)
+    bare = fresh_copy(tmp_path / "bare")
     site = [p for p in sys.path if p.endswith("site-packages")]
     env = _plain(PYTHONPATH=os.pathsep.join([*site, str(bare / "examples")]))
     verdict, command = _first_finding([sys.executable, "-S", "-m", "pytest", "conformance/test_split.py", *SUBJECT,

@@ -43,11 +43,20 @@ def _graph(modules: dict[str, Path]) -> dict[str, tuple[set[str], set[str]]]:
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, (ast.Import, ast.ImportFrom)):
                     (inner if inside else top).update(targets(child))
+                elif _annotations_only(child):  # never runs: names for annotations, not an import
+                    for other in child.orelse:
+                        walk(other, inside)
+                    continue
                 walk(child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
         walk(ast.parse(path.read_text()), False)
         graph[name] = (top, inner)
     return graph
+
+
+def _annotations_only(node: ast.AST) -> bool:
+    """An `if TYPE_CHECKING:` block: its imports give annotations their names and never run."""
+    return isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
 
 
 def _packages_above(module: str, modules: dict[str, Path]) -> list[str]:
@@ -87,6 +96,33 @@ def test_no_import_circle():
 
 def test_no_import_inside_a_function_climbs_back():
     assert not _climbs(GRAPH)
+
+
+def _below_the_runner(graph) -> list[str]:
+    """Modules outside harness.run that the runner imports and that import the runner back: the check bodies and
+    what they stand on sit below the runner, which hands them a trial (an annotation there, never an import)."""
+    run = [n for n in graph if n == "harness.run" or n.startswith("harness.run.")]
+    below = {n for r in run for n in _reach(graph, r) if n not in run and n.startswith("harness.")}
+    return sorted(f"{n} imports the runner ({', '.join(sorted(set(run) & _reach(graph, n)))})" for n in below
+                  if set(run) & _reach(graph, n))
+
+
+def test_nothing_the_runner_stands_on_imports_the_runner():
+    assert not _below_the_runner(GRAPH)
+
+
+def test_a_check_body_importing_the_runner_is_seen_and_an_annotation_only_import_is_not(tmp_path):
+    (tmp_path / "harness" / "run").mkdir(parents=True)
+    (tmp_path / "harness" / "__init__.py").write_text("")
+    (tmp_path / "harness" / "run" / "__init__.py").write_text("")
+    (tmp_path / "harness" / "run" / "draws.py").write_text("from harness import body\n")
+    (tmp_path / "harness" / "run" / "trial.py").write_text("")
+    (tmp_path / "harness" / "body.py").write_text("from harness.run.trial import Trial\n")
+    assert _below_the_runner(_graph(_modules(tmp_path))) == [
+        "harness.body imports the runner (harness.run, harness.run.trial)"]
+    (tmp_path / "harness" / "body.py").write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from harness.run.trial import Trial\n")
+    assert _below_the_runner(_graph(_modules(tmp_path))) == []
 
 
 def test_the_library_core_never_imports_the_plugin():

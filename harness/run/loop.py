@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from harness import costs, findings, limits, model, profiles
 from harness.checks import Check
+from harness.checks.outcome import Outcome
 from harness.model import Moves
 from harness.results import Word
 from harness.run import draws, regressions
@@ -27,7 +28,7 @@ from harness.run.regressions import Regression
 from harness.run.releases import ReleaseContracts
 from harness.run.session import Session, supports_layer
 from harness.run.targets import Target, examples_per_item, item_seed
-from harness.run.trial import NotRun, Outcome, Poisoned, Trial, Verdict
+from harness.run.trial import NotRun, Poisoned, Trial, Verdict
 from harness.strategies import Example, alike, examples
 
 CheckFn = Callable[[Trial], Outcome]

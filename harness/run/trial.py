@@ -1,4 +1,5 @@
-"""One example of one target as a check receives it (`Trial`), and what a check returns (`Outcome`).
+"""One example of one target as a check receives it (`Trial`), and how a call into the subject settles an example
+(`Verdict`, `NotRun`, `Poisoned`; what a check returns is harness.checks.outcome's `Outcome`).
 
 A check is a function `check(trial) -> Outcome`. The trial holds the example, the layer its release hands with the
 example's cache, and the calls a check makes into the subject: anything the subject returns or raises there is the
@@ -15,7 +16,8 @@ import torch
 
 from harness import costs, devices
 from harness.cache import Paging, filled, read
-from harness.compare import bits, diagnose
+from harness.checks.outcome import Outcome
+from harness.compare import bits
 from harness.contract import Contract, ContractError, views
 from harness.layer import Layer, in_force
 from harness.results import Word
@@ -23,18 +25,6 @@ from harness.run.session import layer_of
 from harness.run.sink import POISONED
 from harness.run.targets import Target
 from harness.strategies import Example
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """A word of harness.results and what it rests on."""
-
-    word: Word
-    diagnosis: str = ""
-    where: str = ""  # where in the example it was found (a layer and block), for its REPRO line
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "word", Word(self.word))  # an unknown word is a ValueError here, not a result
 
 
 class Verdict(Exception):
@@ -68,21 +58,6 @@ class Prepared:
     v: torch.Tensor
     kv_cache: torch.Tensor
     paging: Paging
-
-
-def compare(actual: torch.Tensor, expected: torch.Tensor, what: str,
-            axes: tuple[str, ...] = ("token", "head", "dim")) -> Outcome:
-    """bit-identical, or differs with the harness.compare diagnosis (`axes` name the tensors' axes)."""
-    with costs.phase("compare"):
-        return _compared(actual, expected, what, axes)
-
-
-def _compared(actual: torch.Tensor, expected: torch.Tensor, what: str, axes: tuple[str, ...]) -> Outcome:
-    if actual.shape != expected.shape or actual.dtype != expected.dtype:
-        return Outcome(Word.DIFFERS, f"{what}: {tuple(actual.shape)} {actual.dtype} vs "
-                                     f"{tuple(expected.shape)} {expected.dtype}")
-    d = diagnose(actual, expected, axes)
-    return Outcome(Word.BIT_IDENTICAL) if d is None else Outcome(Word.DIFFERS, f"{what}: not bit-identical: {d}")
 
 
 @dataclass(frozen=True)
