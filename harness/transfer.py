@@ -25,8 +25,7 @@ from harness.contract import Contract, views
 from harness.contract.views import poison
 from harness.layer import Layer, in_force
 from harness.results import Word
-from harness.strategies import Example, Sizes, ambiguous, cases, num_blocks
-from harness.strategies import examples as placed
+from harness.strategies import Example, Sizes, ambiguous, cases, examples as placed, num_blocks
 
 if TYPE_CHECKING:  # the runner hands a check its trial: an annotation here, never an import of the runner
     from harness.run.trial import Trial

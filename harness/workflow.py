@@ -37,7 +37,11 @@ def releases(selection: str, capabilities: frozenset[str] = frozenset(), path: P
     every = [r.name for r in matrix.load(path)]
     if selection in ("all", "default"):
         chosen = every if selection == "all" else [r.name for r in matrix.default(path)]
-        return [r for r in chosen if checked(r, capabilities, recordings)] if capabilities else chosen
+        if not capabilities:
+            return chosen
+        subject_takes, recorded = taken(capabilities), set(api_history.releases(recordings))
+        # A release not recorded is checked: its run probes it live.
+        return [r for r in chosen if r not in recorded or checked(r, subject_takes, recordings)]
     names = list(dict.fromkeys(n.strip() for n in selection.split(",") if n.strip()))
     if not names:
         raise ValueError(f"releases {selection!r} names no release: give default, all, main or a comma list")
@@ -47,19 +51,24 @@ def releases(selection: str, capabilities: frozenset[str] = frozenset(), path: P
     return names
 
 
-def checked(release: str, capabilities: frozenset[str], recordings: Path = api_history.ROOT) -> bool:
-    """Whether a subject declaring `capabilities` has something checked at `release`, as its recording tells: the
-    connector check (model-transfer) takes only releases whose whole-model allocation the probe read
-    (harness.allocations), every other check each recorded release. A release not recorded counts as checked (its
-    run probes it live). A ValueError names a capability no check needs, and capabilities that take no check."""
+def taken(capabilities: frozenset[str]) -> tuple[checks.Check, ...]:
+    """The checks a subject declaring `capabilities` takes; a ValueError names a capability no check needs, and
+    capabilities that take no check."""
     known = frozenset().union(*(c.needs for c in checks.CHECKS))
     if unknown := sorted(capabilities - known):
         raise ValueError(f"capabilities: {', '.join(unknown)} unknown; kvconform's: {', '.join(sorted(known))}")
-    taken = [c for c in checks.CHECKS if c.module and c.needs and c.needs <= capabilities]
-    if not taken:
+    out = tuple(c for c in checks.CHECKS if c.module and c.needs and c.needs <= capabilities)
+    if not out:
         raise ValueError(f"capabilities {', '.join(sorted(capabilities))} take no check: kvconform's checks need "
                          + "; ".join(sorted({" and ".join(sorted(c.needs)) for c in checks.CHECKS if c.needs})))
-    if any(c is not checks.MODEL_TRANSFER for c in taken) or release not in api_history.releases(recordings):
+    return out
+
+
+def checked(release: str, taken: tuple[checks.Check, ...], recordings: Path = api_history.ROOT) -> bool:
+    """Whether one of the checks `taken` has something checked at recorded `release`, as its recording tells: the
+    connector check (model-transfer) takes only releases whose whole-model allocation the probe read
+    (harness.allocations), every other check each recorded release."""
+    if any(c is not checks.MODEL_TRANSFER for c in taken):
         return True
     return allocations.read(api_history.recorded(release, recordings)) is not None
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,3 +67,9 @@ def fresh_copy(where: Path) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target, follow_symlinks=False)
     return where
+
+
+def site_packages() -> str:
+    """This venv's site-packages, for PYTHONPATH under `python -S`: its packages without its .pth files, so that no
+    editable kvconform's finder runs and a bare checkout imports kvconform from its folder alone."""
+    return sysconfig.get_paths()["purelib"]

@@ -20,12 +20,11 @@ import re
 import shlex
 import subprocess
 import sys
-import sysconfig
 import tomllib
 from pathlib import Path
 
 import yaml
-from envs import fresh_copy
+from envs import fresh_copy, site_packages
 from test_noxfile import _nox, _nox_sessions
 
 from harness import matrix, results
@@ -274,7 +273,7 @@ def test_a_bare_checkout_runs_the_gpu_lanes_pytest_command(tmp_path):
     assert entry["class"] == "checkout" and entry["in"] == ["scripts/gpu_live.sh"]
     tree = fresh_copy(tmp_path / "tree")
     python = [sys.executable, "-S"]
-    env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+    env = {**os.environ, "PYTHONPATH": site_packages()}
     where = subprocess.run([*python, "-c", "import importlib.util as u, kvconform; "
                                           "print(kvconform.__file__, u.find_spec('kvconform.suites'))"],
                            cwd=tree, capture_output=True, text=True, env=env)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from envs import fresh_copy, one_build_at_a_time, venv_seeing_these_packages
+from envs import fresh_copy, one_build_at_a_time, site_packages, venv_seeing_these_packages
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -147,8 +147,7 @@ def test_a_repro_line_pastes_in_a_bare_checkout(tmp_path):
     """A checkout where kvconform is importable from the folder alone (no install, no editable finder: python -S
     with this venv's site-packages on PYTHONPATH): the REPRO line starts that interpreter with -S as the run did."""
     bare = fresh_copy(tmp_path / "bare")
-    site = [p for p in sys.path if p.endswith("site-packages")]
-    env = _plain(PYTHONPATH=os.pathsep.join([*site, str(bare / "examples")]))
+    env = _plain(PYTHONPATH=os.pathsep.join([site_packages(), str(bare / "examples")]))
     verdict, command = _first_finding([sys.executable, "-S", "-m", "pytest", "conformance/test_split.py", *SUBJECT,
                                        f"--kvconform-results-dir={tmp_path / 'results'}"], bare, env)
     assert command.startswith(f"{shlex.quote(sys.executable)} -S -m pytest "
