@@ -20,13 +20,14 @@ from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from harness import checks, fixtures, strategies  # noqa: E402
-from harness.run import draws  # noqa: E402
+from harness.run import implementation  # noqa: E402
+from harness.run.releases import load_release  # noqa: E402
+from harness.run.targets import Target  # noqa: E402
 
 
-def strategy_of(check: checks.Check, contract, sizes) -> st.SearchStrategy:
-    drawn = draws.of(check)
-    ex = drawn.examples([contract], sizes) if drawn.examples else strategies.examples([contract], sizes)
-    return st.tuples(ex, drawn.extra() if drawn.extra else st.none())
+def strategy_of(check: checks.Check, target: Target, sizes) -> st.SearchStrategy:
+    it = implementation.of(check)
+    return st.tuples(it.examples(target, sizes), it.extra())
 
 
 def measure(strategy: st.SearchStrategy, count: int) -> tuple[float, float]:
@@ -52,7 +53,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--release", default="0.33.0")
     parser.add_argument("--examples", type=int, default=400)
     args = parser.parse_args(argv)
-    contracts = fixtures.load(args.release).contracts
+    release = load_release(args.release, fixtures.ROOT)
+    contracts = release.contracts
     kinds = {"per-layer": next(c for c in contracts if not c.layout.shared and not c.layout.latent),
              "shared": next((c for c in contracts if c.layout.shared), None)}
     print(f"{'check':<18} {'sizes':<5} {'geometry':<10} {'choices/ex':>10} {'ms/ex':>7}")
@@ -61,7 +63,7 @@ def main(argv: list[str]) -> int:
             for kind, contract in kinds.items():
                 if contract is None:
                     continue
-                n, ms = measure(strategy_of(check, contract, sizes), args.examples)
+                n, ms = measure(strategy_of(check, Target(release, contract), sizes), args.examples)
                 print(f"{check.name:<18} {name:<5} {kind:<10} {n:>10.1f} {ms:>7.2f}", flush=True)
     return 0
 

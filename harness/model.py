@@ -3,7 +3,7 @@
 strides and offset, and which kernel blocks (the blocks of a layer's view) make up each manager block (the
 scheduler's block, which the block ids a KV connector gets count).
 
-The model-transfer check (conformance/test_model_transfer.py) hands a subject what `register_kv_caches` receives,
+The model-transfer check (harness.checks.model_transfer) hands a subject what `register_kv_caches` receives,
 the layers' views by name, with a layer value for each (harness.layer.Layer, whose `block_size` is the kernel
 block's and `manager_block_size` the manager block's), then manager block ids. Only attention layers holding K
 and V are handed: a Mamba layer's states and latent or indexer caches are not K/V. Their bytes still count: a move
@@ -13,13 +13,10 @@ and layers share.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from hypothesis import strategies as st
 
 from harness import allocations, vllm_api
 from harness.contract import Contract, ContractError, Dims, views
@@ -64,40 +61,6 @@ class Model:
     def contract(self) -> Contract:
         """The geometry of the layers it hands (the release's contract of the first one's backend)."""
         return self.handed[0].contract
-
-
-@dataclass(frozen=True)
-class Moves:
-    """One connector example: which manager blocks of `model` move where, and the source's bytes, from `seed`."""
-
-    model: str
-    seed: int
-    mode = "*"  # a move takes no sparsity mode
-
-    def digest(self) -> str:
-        """A short stable id of the whole example."""
-        return hashlib.sha1(self.to_json().encode()).hexdigest()[:12]
-
-    def to_json(self) -> str:
-        return json.dumps({"model": self.model, "seed": self.seed}, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> Moves:
-        return cls(**json.loads(text))
-
-    def words(self, extra: object) -> str:
-        """What a REPRO line says of it."""
-        return f"model={self.model} seed={self.seed}"
-
-
-def examples(model: Model) -> st.SearchStrategy[Moves]:
-    """Examples of `model`: seeds of block moves (harness.transfer.moves) and source bytes."""
-    return st.builds(Moves, st.just(model.name), st.integers(0, 2**16))
-
-
-def explicit(model: Model) -> list[tuple[Moves, None]]:
-    """Run first on every model: every manager block moves (seed 0)."""
-    return [(Moves(model.name, 0), None)]
 
 
 def models(release: str, record: dict[str, Any] | None, contracts: tuple[Contract, ...], recording=None

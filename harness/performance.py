@@ -128,7 +128,7 @@ def geometries(subject: object, releases: Iterable[ReleaseContracts], case: Case
         for c in dict.fromkeys(r.contracts):
             if not serves(subject, c):
                 continue
-            why = outside(c, sizes_for(device), checks.BIT_IDENTITY) or supports_layer(
+            why = outside(c, sizes_for(device), kernels=True) or supports_layer(
                 subject, subject.name, layer_of(r, c, dims_of(c, case), case.torch_dtype), caps)
             if why:
                 left.setdefault(c.name, why)
@@ -219,7 +219,7 @@ class Lane:
             call = self._launcher("dense")(case, q, k, v, tile)
             out = call()
         except Exception as e:  # noqa: BLE001 - the subject's own error is the cell's reason
-            return Failure("bit-identity", "subject-error", f"dense forward: {type(e).__name__}: {e}")
+            return Failure(checks.BIT_IDENTITY.name, "subject-error", f"dense forward: {type(e).__name__}: {e}")
         medians = [statistics.median(self.timer(call, timings.REPEATS, f"dense {workload} {tile_label(tile)}"))
                    for _ in range(timings.BAND_RUNS)]
         return out, statistics.median(medians), timings.band(medians)
@@ -232,11 +232,11 @@ class Lane:
             with in_force(layer):
                 got = self.subject.split(kv_cache, layer)
         except ContractError as e:
-            return Failure("split-agrees", "contract-error", f"split: ContractError: {e}")
+            return Failure(checks.SPLIT_AGREES.name, "contract-error", f"split: ContractError: {e}")
         except Exception as e:  # noqa: BLE001 - the subject's own error is the cell's reason
-            return Failure("split-agrees", "subject-error", f"split: {type(e).__name__}: {e}")
+            return Failure(checks.SPLIT_AGREES.name, "subject-error", f"split: {type(e).__name__}: {e}")
         wrong = [f"{n}: {'; '.join(m)}" for n, a, b in zip("KV", got, want) if (m := view_mismatch(a, b))]
-        return Failure("split-agrees", "differs", f"split is not the contract's views: {' / '.join(wrong)}") \
+        return Failure(checks.SPLIT_AGREES.name, "differs", f"split is not the contract's views: {' / '.join(wrong)}") \
             if wrong else got
 
     def _paged(self, base: Timing, case: Case, q: torch.Tensor, split: tuple[torch.Tensor, torch.Tensor], pages,
@@ -247,10 +247,10 @@ class Lane:
             call = self._launcher("paged")(case, q, *split, pages, tile)
             out = call()
         except Exception as e:  # noqa: BLE001 - the subject's own error is the cell's reason
-            return Failure("bit-identity", "subject-error", f"paged forward: {type(e).__name__}: {e}")
+            return Failure(checks.BIT_IDENTITY.name, "subject-error", f"paged forward: {type(e).__name__}: {e}")
         if tile is not None and (out.shape != dense_out.shape or out.dtype != dense_out.dtype
                                  or diagnose(out, dense_out) is not None):
-            return Failure("bit-identity", "differs", "paged output is not bit-identical to dense")
+            return Failure(checks.BIT_IDENTITY.name, "differs", "paged output is not bit-identical to dense")
         ms = self.timer(call, timings.REPEATS, f"paged {base.workload} {base.geometry} {base.tile}")
         median, deciles = statistics.median(ms), statistics.quantiles(ms, n=10)
         return replace(base, outcome=WITHIN, ratio=median / base.dense_ms, paged_ms=median, repeats=len(ms),

@@ -351,6 +351,10 @@ class Example:
                 f"pages={self.page_order}/{self.page_seed} "
                 + (f"head_dim_v={self.head_dim_v} " if self.head_dim_v else "") + f"extra={extra!r} {self.case!r}")
 
+    def summary(self, extra: object) -> str:
+        """What a kept example's file says of it, for a reader: its case."""
+        return repr(self.case)
+
     def digest(self) -> str:
         """A short stable id of the whole example."""
         return hashlib.sha1(self.to_json().encode()).hexdigest()[:12]

@@ -65,10 +65,10 @@ def taken(capabilities: frozenset[str]) -> tuple[checks.Check, ...]:
 
 
 def checked(release: str, taken: tuple[checks.Check, ...], recordings: Path = api_history.ROOT) -> bool:
-    """Whether one of the checks `taken` has something checked at recorded `release`, as its recording tells: the
-    connector check (model-transfer) takes only releases whose whole-model allocation the probe read
-    (harness.allocations), every other check each recorded release."""
-    if any(c is not checks.MODEL_TRANSFER for c in taken):
+    """Whether one of the checks `taken` has something checked at recorded `release`, as its recording tells: a
+    check of whole models takes only releases whose whole-model allocation the probe read (harness.allocations),
+    every other check each recorded release."""
+    if any(not c.models for c in taken):
         return True
     return allocations.read(api_history.recorded(release, recordings)) is not None
 

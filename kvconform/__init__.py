@@ -312,7 +312,7 @@ class KvconformPlugin:
                 terminalreporter.write_line(line)
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        from harness.run import regressions, targets
+        from harness.run import implementation, regressions
 
         s = self.session
         check = _check_of(metafunc.module)
@@ -320,20 +320,17 @@ class KvconformPlugin:
             return
         if s.missing(check.needs):  # not generated for this subject: no items, a not-applicable line
             self.not_applicable.add(check)
-            for name in ("target", "release_contracts", "dense_target", "regression"):
+            for name in ("target", "release_contracts", "regression"):
                 if name in metafunc.fixturenames:
                     metafunc.parametrize(name, [])
             return
         if "target" in metafunc.fixturenames:
-            items = targets.targets(s, check)
-            metafunc.parametrize("target", items, ids=[f"{t.release.release}-{t.geometry}" for t in items])
+            items = implementation.targets(s, check)
+            metafunc.parametrize("target", items, ids=[t.id for t in items])
         if "release_contracts" in metafunc.fixturenames:
             metafunc.parametrize("release_contracts", s.releases, ids=[r.release for r in s.releases])
-        if "dense_target" in metafunc.fixturenames:
-            items = targets.dense_targets(s)
-            metafunc.parametrize("dense_target", items, ids=[f"{t.release.release}-dense-{t.mode}" for t in items])
         if "regression" in metafunc.fixturenames:
-            stored = regressions.regressions(s, check.name)
+            stored = regressions.regressions(s, check)
             metafunc.parametrize("regression", stored,
                                  ids=[regressions.item_id(r.target, r.digest) for r in stored])
 
@@ -452,13 +449,13 @@ class Conformance:
                               request.config.getoption("kvconform_max_examples"), _named(request, request.node.name),
                               timeout)
 
-    def run(self, target, check, fn) -> None:
-        """Run `check`'s function `fn` over examples of `target`."""
-        self._settle(self._guard(self.loop.run, target, check, fn))
+    def run(self, target, check) -> None:
+        """Run `check` over examples of `target`."""
+        self._settle(self._guard(self.loop.run, target, check))
 
-    def replay(self, regression, check, fn) -> None:
-        """Run `fn` over one kept failing example."""
-        self._settle(self._guard(self.loop.replay, regression, check, fn))
+    def replay(self, regression, check) -> None:
+        """Run `check` over one kept failing example."""
+        self._settle(self._guard(self.loop.replay, regression, check))
 
     def record_target(self, target, check, word, diagnosis: str = "") -> None:
         """Record an outcome of a whole (release, geometry) item, e.g. a check that cannot run here."""

@@ -19,8 +19,7 @@ from hypothesis import settings
 
 from harness import checks, findings, fixtures, profiles, strategies
 from harness.checks.outcome import Outcome
-from harness.run import draws, loop, session as sessions, targets as targeting
-from kvconform.suites import test_malformed, test_relayout, test_split
+from harness.run import implementation, loop, session as sessions, targets as targeting
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import offloader  # noqa: E402
@@ -70,16 +69,16 @@ SPELLINGS = {
 
 def _malformed(tmp_path, subject):
     s = _session(tmp_path, subject, "0.25.1")
-    target = next(t for t in targeting.targets(s, checks.REJECTS_MALFORMED)
+    target = next(t for t in implementation.targets(s, checks.REJECTS_MALFORMED)
                   if t.contract.layout.family == "blocks-first")
-    return loop.Loop(s, "t", 1).run(target, checks.REJECTS_MALFORMED, test_malformed.check)
+    return loop.Loop(s, "t", 1).run(target, checks.REJECTS_MALFORMED)
 
 
 @pytest.mark.parametrize("spelling", list(SPELLINGS))
 def test_a_refusal_naming_the_shape_in_any_spelling_rejects_the_malformed_cache(tmp_path, ci, spelling):
     settled = _malformed(tmp_path, Raising(SPELLINGS[spelling]))
-    explicit = len(draws.of(checks.REJECTS_MALFORMED).explicit(targeting.targets(
-        _session(tmp_path, Raising(SPELLINGS[spelling]), "0.25.1"))[0].contract, strategies.CPU))
+    explicit = len(implementation.of(checks.REJECTS_MALFORMED).explicit(implementation.targets(
+        _session(tmp_path, Raising(SPELLINGS[spelling]), "0.25.1"))[0], strategies.CPU))
     assert settled.ran == checks.CHEAP_FACTOR + explicit and settled.failure is None
 
 
@@ -102,7 +101,7 @@ class ThreeViews(offloader.Offloader):
 def test_a_split_of_the_wrong_arity_is_a_subject_error_naming_what_it_returned(tmp_path, ci):
     s = _session(tmp_path, ThreeViews(), "0.25.1")
     with pytest.raises(loop.NewFinding) as e:
-        loop.Loop(s, "t", 1).run(targeting.targets(s)[0], checks.SPLIT_AGREES, test_split.check)
+        loop.Loop(s, "t", 1).run(implementation.targets(s)[0], checks.SPLIT_AGREES)
     assert str(e.value).startswith("subject-error: split of kv_cache (") and \
         "returned a tuple of 3 (Tensor, Tensor, Tensor), not a (K, V) pair of tensors" in str(e.value)
 
@@ -124,13 +123,13 @@ class SizeOneStride(offloader.Offloader):
 
 def test_split_agrees_ignores_the_stride_of_an_axis_of_size_1_and_no_other(tmp_path, ci):
     s = _session(tmp_path, SizeOneStride(), "0.25.1")
-    target = targeting.targets(s)[0]
+    target = implementation.targets(s)[0]
     run = loop.Loop(s, "t", 2)
-    assert run.run(target, checks.SPLIT_AGREES, test_split.check).failure is None
+    assert run.run(target, checks.SPLIT_AGREES).failure is None
     SizeOneStride.shift = 1
     try:
         with pytest.raises(loop.NewFinding, match="K view .*stride"):
-            run.run(target, checks.SPLIT_AGREES, test_split.check)
+            run.run(target, checks.SPLIT_AGREES)
     finally:
         SizeOneStride.shift = 0
 
@@ -150,10 +149,8 @@ class RefusesFp8(offloader.Offloader):
 @pytest.mark.parametrize("check", [checks.SPLIT_AGREES, checks.REJECTS_MALFORMED, checks.TRANSFER])
 def test_every_check_that_hands_over_a_cache_asks_supports_layer_first(tmp_path, ci, check):
     s = _session(tmp_path, RefusesFp8(), "0.25.1")
-    fn = {checks.SPLIT_AGREES: test_split.check, checks.REJECTS_MALFORMED: test_malformed.check,
-          checks.TRANSFER: __import__("kvconform.suites.test_transfer", fromlist=["check"]).check}[check]
-    target = next(t for t in targeting.targets(s, check) if t.contract.cache_dtype == "fp8_e4m3")
-    settled = loop.Loop(s, "t", 1).run(target, check, fn)
+    target = next(t for t in implementation.targets(s, check) if t.contract.cache_dtype == "fp8_e4m3")
+    settled = loop.Loop(s, "t", 1).run(target, check)
     assert settled.ran == 0 and settled.unsupported == {"no fp8 caches"}
     assert all(c.hands_cache for c in checks.CHECKS if c.needs & {"split", "transfer"})
     assert not checks.ORACLE.hands_cache and checks.ORACLE.asks_case and not checks.SPLIT_AGREES.asks_case
@@ -184,9 +181,9 @@ class WritesThenRefuses(RefusesOtherSettings):
 
 def _relayout(tmp_path, subject):
     s = _session(tmp_path, subject, "0.25.1")
-    target = next(t for t in targeting.targets(s, checks.RELAYOUT)
+    target = next(t for t in implementation.targets(s, checks.RELAYOUT)
                   if t.contract.name == "blocks-first:B.KV.N.H.D" and t.peer.name == "blocks-first:B.KV.H.N.D")
-    return loop.Loop(s, "t", 1).run(target, checks.RELAYOUT, test_relayout.check)
+    return loop.Loop(s, "t", 1).run(target, checks.RELAYOUT)
 
 
 def test_relayout_passes_a_refusal_that_writes_nothing_and_values_moved_through_views(tmp_path, ci):
@@ -204,7 +201,7 @@ def test_relayout_fails_a_refusal_that_wrote_first(tmp_path, ci):
 
 def test_relayout_targets_pair_every_setting_of_a_backend_in_a_cycle(tmp_path):
     s = _session(tmp_path, offloader.Offloader(), "0.33.0")
-    pairs = [(t.contract.name, t.peer.name) for t in targeting.targets(s, checks.RELAYOUT)]
+    pairs = [(t.contract.name, t.peer.name) for t in implementation.targets(s, checks.RELAYOUT)]
     flash = [p for p in pairs if p[0].startswith("packed:") and "@" not in p[0] and "+" not in p[0]]
     sources, targets = [a for a, _ in flash], [b for _, b in flash]
     assert sorted(sources) == sorted(targets) and len(set(sources)) == len(sources) == 9, flash
@@ -214,7 +211,7 @@ def test_relayout_targets_pair_every_setting_of_a_backend_in_a_cycle(tmp_path):
 
 def test_an_items_seed_depends_on_the_check_release_and_geometry_alone(tmp_path):
     s = _session(tmp_path, offloader.Offloader(), "0.25.1")
-    a, b = targeting.targets(s)[:2]
+    a, b = implementation.targets(s)[:2]
     assert targeting.item_seed(0, "split-agrees", a) == targeting.item_seed(0, "split-agrees", dataclasses.replace(a))
     assert len({targeting.item_seed(0, "split-agrees", a), targeting.item_seed(1, "split-agrees", a),
                 targeting.item_seed(0, "transfer", a), targeting.item_seed(0, "split-agrees", b)}) == 4
@@ -293,7 +290,7 @@ def test_regressions_of_a_subject_not_kvconforms_own_go_to_the_results_folder(tm
 
 
 def _drawn(tmp_path, session):
-    target = next(t for t in targeting.targets(session, checks.REJECTS_MALFORMED) if t.contract.cache_dtype == "fp8_e4m3")
+    target = next(t for t in implementation.targets(session, checks.REJECTS_MALFORMED) if t.contract.cache_dtype == "fp8_e4m3")
     seen = []
 
     def record(t):

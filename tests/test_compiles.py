@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness import checks, compiles, findings, fixtures
-from harness.run import draws, session as sessions, targets as targeting, warmup
+from harness.run import implementation, session as sessions, targets as targeting, warmup
 from harness.cases import Case
 from harness.contract import cache_dtype, families
 from harness.strategies import CPU, GPU, examples, warmup_shards
@@ -93,7 +93,7 @@ def warmed(session, launches):
 @pytest.fixture(scope="module")
 def read(session):
     """Every geometry of every recording the subject reads, as the forward checks take them."""
-    return [t.contract for t in targeting.targets(session, checks.BIT_IDENTITY)
+    return [t.contract for t in targeting.geometries(session, kernels=True)
             if session.supports(t.release, t.contract) is None]
 
 
@@ -101,11 +101,11 @@ SIZES = {"gpu": GPU, "cpu": CPU}
 
 
 def test_the_warm_up_covers_every_cache_dtype_the_subject_reads(session):
-    read = {t.contract.cache_dtype for t in targeting.targets(session, checks.BIT_IDENTITY)
+    read = {t.contract.cache_dtype for t in targeting.geometries(session, kernels=True)
             if session.supports(t.release, t.contract) is None}
     assert len(read) > 1 and {c.cache_dtype for c in warmup.warm_contracts(session)} <= read
     assert {c.dtype.view for c in warmup.warm_contracts(session)} == {
-        t.contract.dtype.view for t in targeting.targets(session, checks.BIT_IDENTITY) if t.contract.cache_dtype in read}
+        t.contract.dtype.view for t in targeting.geometries(session, kernels=True) if t.contract.cache_dtype in read}
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
@@ -123,17 +123,18 @@ def test_the_warm_up_compiles_every_variant_drawn_examples_launch(read, launches
 @pytest.mark.parametrize("sizes", sorted(SIZES))
 def test_the_warm_up_compiles_every_variant_the_explicit_examples_launch(session, launches, warmed, sizes):
     # The ambiguous examples every forward check runs first, in each geometry of every recording the subject reads.
-    contracts = {t.contract.name: t.contract for t in targeting.targets(session, checks.BIT_IDENTITY)
-                 if session.supports(t.release, t.contract) is None}
+    targets = {t.contract.name: t for t in targeting.geometries(session, kernels=True)
+               if session.supports(t.release, t.contract) is None}
     ran = 0
-    for check in (c for c in checks.CHECKS if c.kernels and draws.of(c).explicit):
-        for contract in contracts.values():
-            for ex, _ in draws.of(check).explicit(contract, SIZES[sizes]):
+    for check in (c for c in checks.CHECKS if c.kernels):
+        for target in targets.values():
+            contract = target.contract
+            for ex, _ in implementation.of(check).explicit(target, SIZES[sizes]):
                 assert SUBJECT.supports(ex.case) is None, ex.case
                 new = launches(ex.case, ex.contract, ex.dims, ex.paging()) - warmed[sizes]
                 assert not new, (check.name, ex.case, contract.name, sorted(new))
                 ran += 1
-    assert ran >= 2 * 2 * len(contracts)
+    assert ran >= 2 * 2 * len(targets)
 
 
 def test_a_launch_key_tells_apart_what_triton_compiles_apart(launches):

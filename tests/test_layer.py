@@ -11,14 +11,12 @@ import torch
 
 from hypothesis import settings
 
-from harness import findings, fixtures, profiles, results
-from harness.run import loop, releases, session as sessions, targets as targeting
+from harness import checks, findings, fixtures, profiles, results
+from harness.run import implementation, loop, releases, session as sessions
 from harness.contract import ContractError, Dims, views
 from harness.layer import contract_of, in_force, layer_for, setting_of
 from harness.results import Word
 from harness.vllm_api import backend_class
-from kvconform.suites import test_split as split_check
-from kvconform.suites import test_transfer as transfer_check
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import offloader  # noqa: E402
@@ -176,19 +174,19 @@ class StacksKV(offloader.Offloader):
         return torch.stack([k[block_ids], v[block_ids]])
 
 
-def _caught(s, suite) -> dict[tuple[str, str], str]:
-    """Each target of `suite`'s check that the runner finds a new finding on, with its message."""
+def _caught(s, check) -> dict[tuple[str, str], str]:
+    """Each target of `check` that the runner finds a new finding on, with its message."""
     caught = {}
-    for t in targeting.targets(s, suite.CHECK):
+    for t in implementation.targets(s, check):
         try:
-            loop.Loop(s, "pytest x", 1).run(t, suite.CHECK, suite.check)
+            loop.Loop(s, "pytest x", 1).run(t, check)
         except loop.NewFinding as e:
             caught[t.release.release, t.geometry] = str(e)
     return caught
 
 
-def _diff_kv_geometries(s, suite) -> set[tuple[str, str]]:
-    got = {(t.release.release, t.geometry) for t in targeting.targets(s, suite.CHECK)}
+def _diff_kv_geometries(s, check) -> set[tuple[str, str]]:
+    got = {(t.release.release, t.geometry) for t in implementation.targets(s, check)}
     assert len(got) > 10 and all(g.endswith(("+diffkv", "+diffkv@fp8_e4m3")) for _, g in got)
     return got
 
@@ -200,12 +198,12 @@ def _green(s) -> None:
 
 def test_split_agrees_catches_halving_c_on_every_diff_kv_geometry_and_passes_the_offloader(diff_kv_session):
     s = diff_kv_session(HalvesC())
-    caught = _caught(s, split_check)
-    assert set(caught) == _diff_kv_geometries(s, split_check)
+    caught = _caught(s, checks.SPLIT_AGREES)
+    assert set(caught) == _diff_kv_geometries(s, checks.SPLIT_AGREES)
     for text in caught.values():
         assert text.startswith("differs: K view of kv_cache") and " head_dim_v=" in text.splitlines()[-1], text
     s = diff_kv_session(offloader.Offloader())
-    assert _caught(s, split_check) == {}
+    assert _caught(s, checks.SPLIT_AGREES) == {}
     _green(s)
 
 
@@ -214,13 +212,13 @@ def test_transfer_catches_a_payload_that_needs_k_and_v_equally_wide_and_passes_w
     # wrong views are split-agrees' finding). A payload stacking K and V needs them equally wide: every diff-KV
     # geometry now refuses it.
     s = diff_kv_session(StacksKV())
-    caught = _caught(s, transfer_check)
-    assert set(caught) == _diff_kv_geometries(s, transfer_check)
+    caught = _caught(s, checks.TRANSFER)
+    assert set(caught) == _diff_kv_geometries(s, checks.TRANSFER)
     assert all(text.startswith("subject-error: RuntimeError: stack expects each tensor to be equal size")
                and " head_dim_v=" in text.splitlines()[-1] for text in caught.values()), caught
     for subject in (HalvesC(), offloader.Offloader()):
         s = diff_kv_session(subject)
-        assert _caught(s, transfer_check) == {}, subject.name
+        assert _caught(s, checks.TRANSFER) == {}, subject.name
     _green(s)
 
 

@@ -15,7 +15,7 @@ from hypothesis import settings  # noqa: E402
 from harness import checks, findings, fixtures, profiles, results  # noqa: E402
 from harness.checks.outcome import Outcome  # noqa: E402
 from harness.results import Word  # noqa: E402
-from harness.run import coverage, draws, loop, regressions, session as sessions, targets as targeting  # noqa: E402
+from harness.run import coverage, implementation, loop, regressions, session as sessions, targets as targeting  # noqa: E402
 
 profiles.register()
 
@@ -31,7 +31,7 @@ def session(tmp_path):
 
 def _run(session, check, examples=3):
     r = loop.Loop(session, "pytest suite::check", examples)
-    return r.run(targeting.targets(session)[0], checks.SPLIT_AGREES, check)
+    return r.run(implementation.targets(session)[0], checks.SPLIT_AGREES, check)
 
 
 def test_a_check_over_a_target_records_one_result_per_example(session):
@@ -39,12 +39,12 @@ def test_a_check_over_a_target_records_one_result_per_example(session):
         return Outcome(Word.BIT_IDENTICAL)
 
     settled = _run(session, agrees)
-    explicit = draws.of(checks.SPLIT_AGREES).explicit(targeting.targets(session)[0].contract, session.sizes)
+    explicit = implementation.of(checks.SPLIT_AGREES).explicit(implementation.targets(session)[0], session.sizes)
     assert len(explicit) == 2  # run first, beside the generated ones
     assert settled.ran == 3 * checks.CHEAP_FACTOR + 2 and not settled.known and settled.failure is None
     rows = results.read(session.results_dir, "0.25.1", "results.*.jsonl")
     assert len(rows) == settled.ran and {r.outcome for r in rows} == {"bit-identical"}
-    assert {r.geometry for r in rows} == {targeting.targets(session)[0].geometry}
+    assert {r.geometry for r in rows} == {implementation.targets(session)[0].geometry}
 
 
 def test_a_new_finding_raises_with_one_repro_line_and_keeps_the_shrunk_example(session):
@@ -70,7 +70,7 @@ def test_the_repro_lines_k_selects_the_replay_item_of_its_release_only(session, 
     expression = re.search(r" -k '(.*)'$", str(e.value).splitlines()[-1]).group(1)
     both = sessions.start("builtin", ["0.24.0", "0.25.1"], fixtures.ROOT, tmp_path / "results2",
                           session.regressions_dir, findings.DIRECTORY, "cpu", "test-main", "")
-    stored = regressions.regressions(both, checks.SPLIT_AGREES.name)
+    stored = regressions.regressions(both, checks.SPLIT_AGREES)
     items = [f"test_split_agrees_regression[{regressions.item_id(r.target, r.digest)}]" for r in stored]
     assert len({r.target.release.release for r in stored}) == 2 and len({r.digest for r in stored}) == 1, items
 
@@ -130,7 +130,7 @@ def test_items_run_regressions_then_cheap_checks_then_the_oracle_then_kernels():
 def test_the_oracle_targets_are_one_per_sparsity_mode_under_the_newest_release(tmp_path):
     s = sessions.start("builtin", ["0.33.0", "0.11.2"], fixtures.ROOT, tmp_path, tmp_path, findings.DIRECTORY,
                      "cpu", "t", "")
-    dense = targeting.dense_targets(s)
+    dense = implementation.targets(s, checks.ORACLE)
     assert [(t.release.release, t.geometry, t.mode) for t in dense] == [
         ("0.33.0", "dense", m) for m in ("none", "skip_softmax", "nm")]
 
@@ -148,7 +148,7 @@ def test_a_kept_regression_replays_on_each_release_as_that_release_hands_the_cac
     s = sessions.start("builtin", ["0.26.0", "0.33.0"], fixtures.ROOT, tmp_path / "results", tmp_path,
                      findings.DIRECTORY, "cpu", "t", "")
     got = {}
-    for reg in regressions.regressions(s, "split-agrees"):
+    for reg in regressions.regressions(s, checks.SPLIT_AGREES):
         t = loop.Loop(s, "t", 1).trial(reg.target, "split-agrees", reg.example, reg.extra)
         got[reg.target.release.release] = (reg.target.contract.origin.release, t.layer.kv_cache_layout)
     assert got == {"0.26.0": ("0.26.0", "NHD"), "0.33.0": ("0.33.0", "LBNHC")}
@@ -164,19 +164,19 @@ def test_a_narrower_run_keeps_the_earlier_runs_other_lines_and_says_stale_of_its
         s = sessions.start("builtin", ["0.25.1"], fixtures.ROOT, tmp_path / "results", tmp_path / "regressions",
                          known, "cpu", f"{name}-main", "", run=name)
         for t in which:
-            loop.Loop(s, "pytest suite::check", 1).run(targeting.targets(s)[t], checks.SPLIT_AGREES,
+            loop.Loop(s, "pytest suite::check", 1).run(implementation.targets(s)[t], checks.SPLIT_AGREES,
                                                        lambda t: Outcome(Word.BIT_IDENTICAL))
         s.sink.merge(s.releases)
         return s
 
     try:
-        g0, g1 = (t.geometry for t in targeting.targets(run("Y", 0, 1))[:2])  # before any known finding
+        g0, g1 = (t.geometry for t in implementation.targets(run("Y", 0, 1))[:2])  # before any known finding
         (known / "builtin.toml").write_text(
             f'[[finding]]\nreleases = "*"\ngeometry = "{g1}"\nsparsity = "*"\ncheck = "split-agrees"\n'
             'outcome = "differs"\nreason = "planted"\nlink = "here"\n')
         plain = run("W")  # runs nothing: what an item of split-agrees draws
-        n = checks.CHEAP_FACTOR + len(draws.of(checks.SPLIT_AGREES).explicit(targeting.targets(plain)[0].contract,
-                                                                                   plain.sizes))  # lines per item
+        n = checks.CHEAP_FACTOR + len(implementation.of(checks.SPLIT_AGREES).explicit(
+            implementation.targets(plain)[0], plain.sizes))  # lines per item
         narrower = run("X", 0)  # the finding covers Y's kept lines only: this run checked none of it, unexercised
         assert f"  merged: 0.25.1: {n} lines of run X replaced {n} of run Y; {n} lines of run Y kept " \
                "(not re-checked)" in narrower.sink.summary(narrower.releases, [], [])
@@ -196,8 +196,8 @@ def test_the_kernel_checks_say_why_they_take_no_diff_kv_cache_naming_the_head_si
     s = sessions.start("builtin", ["0.17.1"], fixtures.ROOT, tmp_path / "results", tmp_path,
                      findings.DIRECTORY, "cpu", "t", "")
     diff_kv = list(dict.fromkeys(c.name for c in s.releases[0].contracts if c.diff_kv))
-    assert diff_kv and not set(diff_kv) & {t.geometry for t in targeting.targets(s, checks.BIT_IDENTITY)}
-    assert set(diff_kv) <= {t.geometry for t in targeting.targets(s, checks.SPLIT_AGREES)}
+    assert diff_kv and not set(diff_kv) & {t.geometry for t in implementation.targets(s, checks.BIT_IDENTITY)}
+    assert set(diff_kv) <= {t.geometry for t in implementation.targets(s, checks.SPLIT_AGREES)}
     assert coverage.record_outside(s) == 1
     rows = results.read(s.results_dir, files="results.*.jsonl")
     [line] = [r.diagnosis for r in rows if r.check == checks.KV_CHECKS.name]

@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import checks, findings, fixtures, model, transfer
+from harness import checks, findings, fixtures, model
+from harness.checks import model_transfer, transfer
 from harness.contract import views
 from harness.matrix import version_key
 from harness.probe.observe import MODEL_DTYPE
-from harness.run import loop, session as sessions, targets as targeting
+from harness.run import implementation, loop, session as sessions
 from harness.run.regressions import Regression
 from harness.run.releases import load_release
-from kvconform.suites import test_model_transfer
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))
@@ -82,8 +82,8 @@ def session(tmp_path_factory):
 def _outcome(s, target, seed: int):
     """The outcome of one example, run as the suite runs it (None when it passed)."""
     try:
-        loop.Loop(s, "test").replay(Regression(target, model.Moves(target.model.name, seed), None, ""),
-                                    checks.MODEL_TRANSFER, test_model_transfer.check)
+        loop.Loop(s, "test").replay(Regression(target, model_transfer.Moves(target.model.name, seed), None, ""),
+                                    checks.MODEL_TRANSFER)
     except loop.NewFinding as e:
         return str(e)
     return None
@@ -92,14 +92,14 @@ def _outcome(s, target, seed: int):
 def _verdicts(session, subject) -> dict[tuple[str, str, int], str | None]:
     s = dataclasses.replace(session, subject=subject(), subject_name=subject.name)
     return {(t.release.release, t.model.name, seed): _outcome(s, t, seed)
-            for t in targeting.targets(s, checks.MODEL_TRANSFER) for seed in SEEDS}
+            for t in implementation.targets(s, checks.MODEL_TRANSFER) for seed in SEEDS}
 
 
 def test_models_of_every_read_release_are_targets_and_the_rest_say_why(session):
-    targets = targeting.targets(session, checks.MODEL_TRANSFER)
+    targets = implementation.targets(session, checks.MODEL_TRANSFER)
     by_release = Counter(t.release.release for t in targets)
     for r in session.releases:
-        taken, outside = targeting.models_of(r)
+        taken, outside = model_transfer.models_of(r)
         assert by_release[r.release] == len(taken)
         if r.allocations and r.allocations.get("read"):
             assert {"uniform", "kernel-split"} <= {m.name for m in taken}, r.release
@@ -112,7 +112,7 @@ def test_models_of_every_read_release_are_targets_and_the_rest_say_why(session):
 @pytest.mark.parametrize("subject", list(RULES), ids=lambda s: s.__name__)
 def test_each_connector_breakage_is_caught_exactly_where_its_rule_says(session, subject):
     rule = RULES[subject]
-    targets = {(t.release.release, t.model.name): t for t in targeting.targets(session, checks.MODEL_TRANSFER)}
+    targets = {(t.release.release, t.model.name): t for t in implementation.targets(session, checks.MODEL_TRANSFER)}
     verdicts = _verdicts(session, subject)
     mismatches = sorted(k for k, got in verdicts.items() if (got is not None) != rule(targets[k[:2]]))
     assert not mismatches, (len(mismatches), mismatches[:10])
@@ -128,7 +128,7 @@ def test_each_twin_passes_everywhere(session, twin):
 
 
 def _target(session, release: str, name: str):
-    return next(t for t in targeting.targets(session, checks.MODEL_TRANSFER)
+    return next(t for t in implementation.targets(session, checks.MODEL_TRANSFER)
                 if t.release.release == release and t.model.name == name)
 
 
@@ -213,14 +213,14 @@ def test_unsupported_layers_are_unsupported_never_a_pass(session):
 
     s = dataclasses.replace(session, subject=NoSplits(), subject_name=NoSplits.name)
     state = loop.Loop(s, "test").replay(Regression(_target(session, "0.33.0", "kernel-split"),
-                                                   model.Moves("kernel-split", 0), None, ""),
-                                        checks.MODEL_TRANSFER, test_model_transfer.check)
+                                                   model_transfer.Moves("kernel-split", 0), None, ""),
+                                        checks.MODEL_TRANSFER)
     assert state.ran == 0 and state.unsupported == {"layers.0: kernel blocks inside manager blocks"}
 
 
 def test_the_layer_value_says_both_block_sizes():
     r = load_release("0.33.0", fixtures.ROOT)
-    taken, _ = targeting.models_of(r)
+    taken, _ = model_transfer.models_of(r)
     split = next(m for m in taken if m.name == "kernel-split")
     layer = split.handed[0].layer
     assert (layer.block_size, layer.manager_block_size, layer.kv_cache_layout) == (64, 256, "LBNHC")
@@ -260,7 +260,7 @@ def test_kernels_are_handed_what_a_split_models_layers_get_but_for_old_hybrid_at
     # included: the same shape and strides everywhere but a hybrid model's FlashAttention layers up to 0.22.1, whose
     # blocks are outermost in memory (no contract-level check hands a kernel that view).
     unlike = set()
-    for t in targeting.targets(session, checks.MODEL_TRANSFER):
+    for t in implementation.targets(session, checks.MODEL_TRANSFER):
         for h in t.model.handed:
             got = model.tensor(h, model.allocated(t.model.allocations, "meta"))
             drawn = views.allocate(h.contract, h.dims, MODEL_DTYPE, "meta")

@@ -49,9 +49,7 @@ except ModeloptUnavailable as unavailable:
     pytest.skip(str(unavailable), allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("oracle_check", ROOT / "conformance" / "test_oracle.py")
-oracle_check = importlib.util.module_from_spec(_spec)  # the oracle check's judgement, as the suites run it
-_spec.loader.exec_module(oracle_check)
+from harness.checks import oracle as oracle_check  # noqa: E402
 # The recorded releases on either side of FlashAttentionBackend.get_kv_cache_shape's removal, replayed through
 # harness.vllm_api's stand-ins (the newest release of the shape era, the first of the KVCacheLayout era).
 _with_api = [r for r in fixtures.releases() if fixtures.load(r).api is not None]

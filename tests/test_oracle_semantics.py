@@ -14,7 +14,6 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
 
 import dataclasses  # noqa: E402
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -30,9 +29,7 @@ from harness.subjects.builtin import PREFILL, BuiltinSubject  # noqa: E402
 from kvconform.subjects import load_subject  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("oracle_check", ROOT / "conformance" / "test_oracle.py")
-oracle_check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(oracle_check)
+from harness.checks import oracle as oracle_check  # noqa: E402
 
 ROW = SparsitySemantics()
 QUERY_TILE = SparsitySemantics(skip_decision="query_tile", nm_dense_decode_rows=True, recent_window="to_query",

@@ -11,8 +11,10 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from harness import checks, fixtures, transfer
-from harness.run import draws
+from harness import checks, fixtures
+from harness.checks import transfer
+from harness.run import implementation
+from harness.run.targets import Target
 from harness.cases import SPARSITY_MODES
 from harness.contract import Contract, cross_layer, families, views
 from harness.strategies import (AMBIGUOUS_KV_HEADS, CPU, GPU, Example, ambiguous, block_sizes, cases,
@@ -169,8 +171,7 @@ def test_the_checks_that_hand_a_subject_a_cache_declare_the_ambiguous_examples()
                                                "test_bit_identity", "test_determinism", "test_ulp_autotuned"}
     c = families()[1]
     for check in CACHE_CHECKS:
-        assert draws.of(check).explicit, check.name
-        got = [ex for ex, _ in draws.of(check).explicit(c, CPU)]
+        got = [ex for ex, _ in implementation.of(check).explicit(Target(None, c), CPU)]  # a geometry's alone
         assert set(got) == set(ambiguous(c, CPU)), check.name
 
 
@@ -192,7 +193,7 @@ def test_every_targets_explicit_examples_hold_the_coinciding_sizes(device):
         if c.diff_kv:  # V narrower than K in one, wider in the other
             assert sorted(ex.head_dim_v > ex.case.head_dim for ex in built) == [False, True], (c.name, built)
         for check in CACHE_CHECKS:
-            pairs = draws.of(check).explicit(c, sizes)
+            pairs = implementation.of(check).explicit(Target(None, c), sizes)
             extras = {extra for _, extra in pairs}
             assert [ex for ex, _ in pairs] == built
             assert extras == ({0} if check.needs == {"transfer"} else {None}), check.name

@@ -99,8 +99,9 @@ def test_no_import_inside_a_function_climbs_back():
 
 
 def _below_the_runner(graph) -> list[str]:
-    """Modules outside harness.run that the runner imports and that import the runner back: the check bodies and
-    what they stand on sit below the runner, which hands them a trial (an annotation there, never an import)."""
+    """Modules outside harness.run that the runner imports and that import the runner back: what the runner stands
+    on sits below it (the declarations, the outcome type); the checks' implementations (harness.checks.<name>) sit
+    above it, found by their suite's name when the runner first asks (harness.run.implementation)."""
     run = [n for n in graph if n == "harness.run" or n.startswith("harness.run.")]
     below = {n for r in run for n in _reach(graph, r) if n not in run and n.startswith("harness.")}
     return sorted(f"{n} imports the runner ({', '.join(sorted(set(run) & _reach(graph, n)))})" for n in below
@@ -115,7 +116,7 @@ def test_a_check_body_importing_the_runner_is_seen_and_an_annotation_only_import
     (tmp_path / "harness" / "run").mkdir(parents=True)
     (tmp_path / "harness" / "__init__.py").write_text("")
     (tmp_path / "harness" / "run" / "__init__.py").write_text("")
-    (tmp_path / "harness" / "run" / "draws.py").write_text("from harness import body\n")
+    (tmp_path / "harness" / "run" / "loop.py").write_text("from harness import body\n")
     (tmp_path / "harness" / "run" / "trial.py").write_text("")
     (tmp_path / "harness" / "body.py").write_text("from harness.run.trial import Trial\n")
     assert _below_the_runner(_graph(_modules(tmp_path))) == [

@@ -17,11 +17,11 @@ if not torch.cuda.is_available():
 
 from hypothesis import settings  # noqa: E402
 
-from harness import contract, findings, fixtures, profiles, strategies, transfer  # noqa: E402
-from harness.run import loop, session as sessions, targets as targeting, trial  # noqa: E402
+from harness import checks, contract, findings, fixtures, profiles, strategies  # noqa: E402
+from harness.checks import transfer  # noqa: E402
+from harness.run import implementation, loop, session as sessions, trial  # noqa: E402
 from harness.layer import kv_views  # noqa: E402
 from harness.results import Word  # noqa: E402
-from kvconform.suites import test_transfer as transfer_check  # noqa: E402
 
 pytest_plugins = ["pytester"]
 profiles.register()
@@ -90,13 +90,13 @@ def session(tmp_path):
 
 
 def _check(s, t, ex, seed):
-    return transfer_check.check(loop.Loop(s, "pytest x").trial(t, transfer_check.CHECK.name, ex, seed))
+    return transfer.IMPLEMENTATION.body(loop.Loop(s, "pytest x").trial(t, checks.TRANSFER.name, ex, seed))
 
 
 def _grid(s):
     """Every geometry of the three releases at num_blocks 2, 3 and 5: the outcome of each explicit example."""
     out = {}
-    for t in targeting.targets(s):
+    for t in implementation.targets(s):
         for blocks in (2, 3, 5):
             for ex, seed in transfer.explicit(t.contract, s.sizes):
                 if ex.case.blocks_needed() <= blocks:
@@ -118,7 +118,7 @@ def test_block_ids_move_every_block_to_another_one():
 
 def test_the_explicit_examples_are_two_and_three_pages_on_every_geometry(session):
     s = session("offloader:Offloader")
-    for t in targeting.targets(s):
+    for t in implementation.targets(s):
         got = [(ex.num_blocks, ex.case.blocks_needed()) for ex, _ in transfer.explicit(t.contract, s.sizes)]
         assert got == [(2, 2), (3, 1)]
 
@@ -139,13 +139,13 @@ def test_shape_sniffing_is_wrong_exactly_on_blocks_first_with_two_blocks(session
 def test_the_runner_catches_shape_sniffing_with_a_repro_at_two_blocks_and_passes_the_rest(session):
     s = session("offloader:ShapeSniffingReader")
     caught = {}
-    for t in targeting.targets(s):
+    for t in implementation.targets(s):
         r = loop.Loop(s, "pytest conformance/test_transfer.py::test_transfer_regression", 1)
         try:
-            r.run(t, transfer_check.CHECK, transfer_check.check)
+            r.run(t, checks.TRANSFER)
         except loop.NewFinding as e:
             caught[t.geometry, t.release.release] = str(e).splitlines()[-1]
-    assert {g for g, _ in caught} == {t.geometry for t in targeting.targets(s)
+    assert {g for g, _ in caught} == {t.geometry for t in implementation.targets(s)
                                       if t.contract.layout.family == "blocks-first"}
     for repro in caught.values():
         assert repro.startswith("REPRO transfer release=0.25.1 (replay) geometry=blocks-first:")
@@ -172,7 +172,7 @@ def test_a_broken_transfer_differs(session, subject, says):
 
 def test_what_the_subject_raises_is_a_subject_error(session):
     s = session(Raises())
-    t = targeting.targets(s)[0]
+    t = implementation.targets(s)[0]
     ex, seed = transfer.explicit(t.contract, s.sizes)[0]
     with pytest.raises(trial.Verdict) as e:
         _check(s, t, ex, seed)

@@ -1,10 +1,9 @@
-"""The ulp-autotuned check (conformance/test_ulp_autotuned.py): its rounding bound as the module derives it, and the
+"""The ulp-autotuned check (harness.checks.ulp_autotuned): its rounding bound as the module derives it, and the
 check in the suites: a subject whose autotuned paged forward lands beyond the bound is a new finding (differs), one
 inside it is within-tolerance, and a subject that declares no `autotune` gets a not-applicable line, never a pass.
 The planted subjects here are the built-in kernel (Triton's interpreter, tiny shapes) declaring `autotune`; on CUDA,
 AutotunedSwapsKV plants a bug in modelopt's autotuned path alone."""
 
-import importlib.util
 import json
 import math
 import os
@@ -17,14 +16,12 @@ import pytest
 import torch
 
 from harness.cache import read
+from harness.checks import ulp_autotuned as ulp_check
 from harness.cases import Case
 from harness.subjects.builtin import BuiltinSubject
 from kvconform.subjects.modelopt import ModeloptSubject
 
 REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("ulp_check", REPO / "conformance" / "test_ulp_autotuned.py")
-ulp_check = importlib.util.module_from_spec(_spec)  # the check's bound, as the suites run it
-_spec.loader.exec_module(ulp_check)
 ITEM = "conformance/test_ulp_autotuned.py::test_ulp_autotuned[0.25.1-blocks-first:B.KV.N.H.D]"
 
 

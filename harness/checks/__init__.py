@@ -1,8 +1,9 @@
 """Every check kvconform records, each declared once: what it needs of a subject, what its examples launch, where its
 items run, how its examples are drawn, and what its stored words mean for it. The runner, the plugin, the report and
-the benchmarks read these declarations; the suites in conformance/ implement the checks (a module per check, whose
-`CHECK` is its declaration here), harness.run.draws binds each to the strategies that draw its examples, and the
-performance lane (harness.performance) says which check a cell it could not time would have failed.
+the benchmarks read these declarations. A check with a suite (`module`, test_<name> in conformance/, whose `CHECK`
+is its declaration here) is implemented in harness/checks/<name>.py: its targets where it has its own, its draws
+and its body (harness.run.implementation says what the runner asks of it). Adding one is that module, its suite
+and its line here (and in CHECKS).
 
 Launches: `subject` examples run the subject's kernels (they are the kernel examples, wait for the warm-up and are
 counted by the benchmarks); `vllm` examples run vLLM's own device op; `none` look at views of a tensor and cost about
@@ -38,6 +39,7 @@ class Check:
     module: str = ""  # its suite module under conformance/ ("" when another records it)
     mode: str = ""  # the one sparsity mode its examples take ("": every mode)
     most: int = 0  # the most examples CHEAP_FACTOR brings an item to (0: no such bound)
+    models: bool = False  # its targets are whole-model allocations: a release whose allocation was not read has none
 
     @property
     def kernels(self) -> bool:
@@ -70,7 +72,7 @@ SPLIT_AGREES = Check("split-agrees", frozenset({"split"}), module="test_split",
                      says={"bit-identical": "agrees", "differs": "disagrees"}, most=VIEW_MOST)
 REJECTS_MALFORMED = Check("rejects-malformed", frozenset({"split"}), module="test_malformed", most=VIEW_MOST)
 TRANSFER = Check("transfer", frozenset({"transfer"}), module="test_transfer")
-MODEL_TRANSFER = Check("model-transfer", frozenset({"connector"}), module="test_model_transfer",
+MODEL_TRANSFER = Check("model-transfer", frozenset({"connector"}), module="test_model_transfer", models=True,
                        says={"bit-identical": "moved exactly", "differs": "moved wrong"})
 RELAYOUT = Check("relayout", frozenset({"transfer"}), module="test_relayout",
                  says={"bit-identical": "values kept", "rejected": "refused", "differs": "values moved"})

@@ -9,10 +9,9 @@ from harness import checks
 from harness.checks import Check
 from harness.contract import Contract
 from harness.results import Word
-from harness.run import draws
+from harness.run import implementation
 from harness.run.session import NOMINAL, Session
-from harness.run.targets import examples_per_item, model_targets, models_of, outside, targets
-from harness.cases import SPARSITY_MODES
+from harness.run.targets import examples_per_item, geometries, outside
 from harness.subjects import FORWARD
 from harness.words import count, listed
 
@@ -20,48 +19,28 @@ from harness.words import count, listed
 def takes_geometries(session: Session) -> bool:
     """Whether a check the subject has the capabilities for hands it one geometry's cache (split, transfer, the
     kernel checks); a connector's check hands it whole models instead."""
-    return any(c.hands_cache for c in checks.CHECKS if c.module and not session.missing(c.needs))
+    return any(c.hands_cache for c in taken(session))
+
+
+def taken(session: Session) -> list[Check]:
+    """The checks with a suite that the subject has the capabilities for, in the declarations' order."""
+    return [c for c in checks.CHECKS if c.module and not session.missing(c.needs)]
 
 
 def coverage(session: Session) -> list[str]:
     """Per release, what this run checks of it and what it leaves out, with counts and why, for the checks the
     subject takes: of its recorded contracts (the backends and cache dtypes asked for, the subject's own `backends`,
-    caches no K/V check takes, what its supports_layer refuses) where a check hands it a geometry's cache, of its
-    models where a connector's check takes them; then the checks the subject declares no capability for."""
+    caches no K/V check takes, what its supports_layer refuses) where a check hands it a geometry's cache, then what
+    each check that takes its own targets says of them (a connector's models); then the checks the subject declares
+    no capability for."""
     s = session
-    if takes_geometries(s):
-        out = geometry_coverage(s)
-    else:
-        out = [] if s.missing(checks.MODEL_TRANSFER.needs) else model_coverage(s)
+    out = geometry_coverage(s) if takes_geometries(s) else []
+    for c in taken(s):
+        out += implementation.of(c).covered(s)
     lacking = [c.name for c in checks.CHECKS if c.module and c.needs and s.missing(c.needs)]
     if lacking:
         out.append(f"{s.subject_name} declares {', '.join(sorted(s.capabilities))}: {', '.join(lacking)} "
                    "need more (one not-applicable line per release each)")
-    return out
-
-
-def model_coverage(session: Session) -> list[str]:
-    """Per release, the models the connector check takes and the ones it leaves out (each one's reason is in the
-    release's model-transfer not-applicable line), or why it takes none."""
-    s = session
-    taken: dict[str, list[str]] = {}
-    for t in model_targets(s):
-        taken.setdefault(t.release.release, []).append(t.model.name)
-    out = []
-    for r in s.releases:
-        models, left = models_of(r)
-        if "*" in left:
-            out.append(f"{r.release} ({r.source}): {s.subject_name} checks nothing: {left['*']}")
-            continue
-        names = taken.get(r.release, [])
-        parts = [f"{count(len(left), 'model')} ({listed(list(left))}): not taken (why: the release's "
-                 "model-transfer not-applicable line)"] if left else []
-        unasked = [m.name for m in models if m.name not in names]
-        if unasked:
-            parts.append(f"{count(len(unasked), 'model')} ({listed(unasked)}): layers of backends or cache dtypes not "
-                         "asked for")
-        out.append(f"{r.release} ({r.source}): {s.subject_name} checks {count(len(names), 'model')} "
-                   f"({listed(names, len(names))})" + ("; not checked: " + "; ".join(parts) if parts else ""))
     return out
 
 
@@ -81,7 +60,7 @@ def geometry_coverage(session: Session) -> list[str]:
                    if s.cache_dtypes and c.cache_dtype not in s.cache_dtypes else "")
             if why:
                 left.setdefault(why, []).append(c)
-        chosen = dict.fromkeys(t.contract for t in targets(s) if t.release is r)
+        chosen = dict.fromkeys(t.contract for t in geometries(s) if t.release is r)
         refused: dict[str, list[str]] = {}
         for c in chosen:
             # A diff-KV geometry is asked at the head sizes its examples draw (V narrower and wider than K): a
@@ -115,30 +94,18 @@ def left_out(session: Session, r) -> dict[str, list[str]]:
     kernels = FORWARD in session.capabilities
     why: dict[str, list[str]] = {}
     for c in dict.fromkeys(c for c in r.contracts if session.selects(c)):
-        reason = outside(c, session.sizes) or (outside(c, session.sizes, checks.BIT_IDENTITY) if kernels else "")
+        reason = outside(c, session.sizes) or outside(c, session.sizes, kernels)
         if reason:
             why.setdefault(reason, []).append(c.name)
     return why
 
 
 def plan(session: Session, max_examples: int) -> str:
-    """The examples each geometry gets per check in this session, as the items will draw them."""
-    sample = next(iter(targets(session)), None)
-    parts = []
-    for c in checks.CHECKS:
-        if not c.module or c.name == checks.CONTRACTS.name or session.missing(c.needs):
-            continue
-        if c.name == checks.ORACLE.name:
-            parts.append(f"{c.name} {examples_per_item(c, max_examples, 'none')} in each of {len(SPARSITY_MODES)} "
-                         "sparsity modes, once per session")
-            continue
-        explicit_of = draws.of(c).explicit
-        explicit = len(explicit_of(sample.contract, session.sizes)) if explicit_of and sample else 0
-        parts.append(f"{c.name} {examples_per_item(c, max_examples, c.mode)}"
-                     + (f" + {explicit} explicit" if explicit else "")
-                     + (f" (sparsity mode {c.mode} only)" if c.mode else "")
-                     + (" (vLLM's own CUDA op: live on CUDA only)" if c.launches == "vllm" else ""))
-    return "; ".join(parts)
+    """The examples each item gets per check in this session, as the items will draw them."""
+    sample = next(iter(geometries(session)), None)
+    said = [implementation.of(c).planned(session, examples_per_item(c, max_examples, c.mode), sample)
+            for c in taken(session)]
+    return "; ".join(filter(None, said))
 
 
 def record_not_applicable(session: Session, check: Check) -> int:

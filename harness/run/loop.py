@@ -16,20 +16,19 @@ from dataclasses import dataclass, field, replace
 
 import hypothesis
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from harness import costs, findings, limits, model, profiles
+from harness import costs, findings, limits, profiles
 from harness.checks import Check
 from harness.checks.outcome import Outcome
-from harness.model import Moves
 from harness.results import Word
-from harness.run import draws, regressions
+from harness.run import implementation, regressions
+from harness.run.implementation import Drawn
 from harness.run.regressions import Regression
 from harness.run.releases import ReleaseContracts
-from harness.run.session import Session, supports_layer
+from harness.run.session import Session
 from harness.run.targets import Target, examples_per_item, item_seed
 from harness.run.trial import NotRun, Poisoned, Trial, Verdict
-from harness.strategies import Example, alike, examples
+from harness.strategies import alike
 
 CheckFn = Callable[[Trial], Outcome]
 
@@ -86,43 +85,41 @@ class Loop:
         self.timeout = timeout  # seconds an item may run (0: no limit)
         self._current: Trial | None = None  # what a timeout's line names: the watchdog cannot ask the main thread
 
-    def trial(self, target: Target, check: str, ex: Example, extra: object) -> Trial:
+    def trial(self, target: Target, check: str, ex: Drawn, extra: object) -> Trial:
         """The value a check receives for one example of `target`."""
         return Trial(target, check, ex, extra, self.s.subject, self.s.device)
 
-    def run(self, target: Target, check: Check, fn: CheckFn) -> Settled:
-        """Check `fn` over generated examples of `target`: `check`'s budget (harness.checks), its strategies and
-        explicit examples (harness.run.draws); raises NewFinding only on a new finding. A target of one sparsity mode
-        (its own, or the one its check takes) gets its share of the examples."""
+    def run(self, target: Target, check: Check, body: CheckFn | None = None) -> Settled:
+        """Check `check` over generated examples of `target`: its budget (harness.checks), its implementation's draws
+        and explicit examples (harness.run.implementation), its body or `body`; raises NewFinding only on a new
+        finding. A target of one sparsity mode (its own, or the one its check takes) gets its share of the
+        examples."""
         if check.mode and not target.mode:
             target = replace(target, mode=check.mode)
         state = Settled()
         sizes = self.s.sizes
-        drawn = draws.of(check)
-        if target.model is not None:  # a whole model's examples are its block moves
-            strategy, explicit = model.examples(target.model), model.explicit(target.model)
-        else:
-            strategy = (drawn.examples([target.contract], sizes) if drawn.examples else
-                        examples([target.contract], sizes, drawn.cases(sizes, target.mode) if target.mode else None))
-            explicit = drawn.explicit(target.contract, sizes) if drawn.explicit else []
+        it = implementation.of(check)
+        fn = body or it.body
         count = examples_per_item(check, self.max_examples or settings.default.max_examples, target.mode)
 
         @settings(max_examples=count)
-        @given(ex=strategy, extra=drawn.extra() if drawn.extra else st.none())
-        def generated(ex: Example | Moves, extra) -> None:
-            self._one(self.trial(target, check.name, ex, extra), check, fn, state)
+        @given(ex=it.examples(target, sizes), extra=it.extra())
+        def generated(ex: Drawn, extra) -> None:
+            self._one(self.trial(target, check.name, ex, extra), it, fn, state)
 
         # Hypothesis runs the example attached last first: attached in reverse, they run in the order declared.
-        for ex, value in reversed(explicit):
+        for ex, value in reversed(it.explicit(target, sizes)):
             generated = hypothesis.example(ex=ex, extra=value)(generated)
         generated = hypothesis.seed(item_seed(self.s.seed, check.name, target))(generated)
         return self._limited(target, check.name, state, generated)
 
-    def replay(self, regression: Regression, check: Check, fn: CheckFn) -> Settled:
+    def replay(self, regression: Regression, check: Check, body: CheckFn | None = None) -> Settled:
         """Run one stored regression example."""
         state = Settled()
+        it = implementation.of(check)
         trial = self.trial(regression.target, check.name, regression.example, regression.extra)
-        return self._limited(regression.target, check.name, state, lambda: self._one(trial, check, fn, state))
+        return self._limited(regression.target, check.name, state,
+                             lambda: self._one(trial, it, body or it.body, state))
 
     def _limited(self, target: Target, check: str, state: Settled, body) -> Settled:
         try:
@@ -158,14 +155,14 @@ class Loop:
         self.s.sink.flush()
         os._exit(3)
 
-    def _one(self, t: Trial, check: Check, fn: CheckFn, state: Settled) -> None:
+    def _one(self, t: Trial, it: implementation.Implementation, fn: CheckFn, state: Settled) -> None:
         self._current = t
         costs.CLOCK.example()
         start = time.perf_counter()
         raised = None  # what the subject raised, when its outcome is that
         try:
             with costs.phase("check"):
-                reason = self._unsupported(check, t)
+                reason = it.refusal(t, self.s)
                 outcome = None if reason else fn(t)
             if reason:
                 state.unsupported.add(reason)
@@ -203,19 +200,6 @@ class Loop:
             return ""
         return (f"the first failing example found, not shrunk ({settings.get_current_profile_name()}); the shrunk "
                 f"one: {self.command(self.item)} --hypothesis-profile=kvconform-ci\n")
-
-    def _unsupported(self, check: Check, t: Trial) -> str | None:
-        """Why the subject does not take this example, by its own word (None when it does): a check that runs its
-        forwards asks `supports(case)`, one that hands it a layer's cache asks `supports_layer(layer)`, of each
-        layer a whole model hands it."""
-        if t.target.model is not None:
-            return next((f"{h.name}: {why}" for h in t.target.model.handed if (why := t.call(
-                supports_layer, self.s.subject, self.s.subject_name, h.layer, self.s.capabilities))), None)
-        supports = getattr(self.s.subject, "supports", None)  # optional outside kernels
-        reason = t.call(supports, t.example.case) if check.asks_case and supports is not None else None
-        if check.hands_cache and not reason:
-            reason = t.call(supports_layer, self.s.subject, self.s.subject_name, t.layer, self.s.capabilities)
-        return reason
 
     def _end_process(self, t: Trial, outcome: Outcome) -> None:
         self._record(t, outcome)

@@ -7,11 +7,11 @@ import json
 import re
 from dataclasses import dataclass
 
-from harness import checks
-from harness.model import Moves
+from harness.checks import Check
+from harness.run import implementation
+from harness.run.implementation import Drawn
 from harness.run.session import Session
-from harness.run.targets import Target, targets
-from harness.strategies import Example
+from harness.run.targets import Target
 
 
 @dataclass(frozen=True)
@@ -19,42 +19,34 @@ class Regression:
     """A kept failing example, bound to one release of the session that has its geometry."""
 
     target: Target
-    example: Example | Moves
+    example: Drawn
     extra: object
     digest: str
 
 
-def regressions(session: Session, check: str) -> list[Regression]:
+def regressions(session: Session, check: Check) -> list[Regression]:
     """Every kept failing example of `check` found on this kind of device (a GPU-sized example is not replayed by
-    the CPU interpreter), bound to each session target of the check with its geometry (that release's own contract
-    of it: its layer is that release's setting and backend), or, for a check that uses no cache, to each session
-    release with the example's geometry."""
+    the CPU interpreter), bound to each session target its implementation replays it on (harness.run.implementation:
+    by default the check's targets of the example's geometry)."""
+    it = implementation.of(check)
     out = []
-    by_geometry: dict[str, list[Target]] = {}
-    for t in targets(session, checks.get(check)):
-        by_geometry.setdefault(t.geometry, []).append(t)
-    for path in sorted((session.regressions_dir / session.subject_name).glob(f"{check}-*.json")):
+    for path in sorted((session.regressions_dir / session.subject_name).glob(f"{check.name}-*.json")):
         body = json.loads(path.read_text())
         if body.get("device", device_kind(session.device)) != device_kind(session.device):
             continue
-        ex = example(body["example"])
+        ex = it.read(body["example"])
         digest = path.stem.split("-")[-1]
-        if body["geometry"] in by_geometry or isinstance(ex, Moves) or body["geometry"] == ex.contract.name:
-            out += [Regression(t, ex, body.get("extra"), digest) for t in by_geometry.get(body["geometry"], [])]
-            continue
-        own = {r.release: next((c for c in r.contracts if c.name == ex.contract.name), None) for r in session.releases}
-        out += [Regression(Target(r, own[r.release], body["geometry"]), ex, body.get("extra"), digest)
-                for r in session.releases if own[r.release] is not None]
+        out += [Regression(t, ex, body.get("extra"), digest) for t in it.replayed(session, body["geometry"], ex)]
     return out
 
 
-def keep(session: Session, target: Target, check: str, ex: Example | Moves, extra: object) -> None:
+def keep(session: Session, target: Target, check: str, ex: Drawn, extra: object) -> None:
     """Keep a failing example for every later session to replay first."""
     d = session.regressions_dir / session.subject_name
     d.mkdir(parents=True, exist_ok=True)
     body = {"check": check, "subject": session.subject_name, "release": target.release.release,
             "geometry": target.geometry, "example": json.loads(ex.to_json()), "extra": extra,
-            "case": repr(ex.case) if isinstance(ex, Example) else ex.words(extra),
+            "case": ex.summary(extra),
             "device": device_kind(session.device)}
     (d / f"{check}-{ex.digest()}.json").write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
 
@@ -70,7 +62,7 @@ def selects(target: Target, digest: str) -> str:
     return f"[{target.release.release}- and -{digest}]"
 
 
-def repro(target: Target, check: str, ex: Example | Moves, extra: object, command: str, where: str = "") -> str:
+def repro(target: Target, check: str, ex: Drawn, extra: object, command: str, where: str = "") -> str:
     """ONE line that reproduces a failing example: what it is, where in it the failure was found (`where`, when the
     check says), and `command`, which replays it (the one replay item of this release, by its digest)."""
     return (f"REPRO {check} release={target.release.release} ({target.release.source}) "
@@ -97,11 +89,6 @@ def missing(session: Session, keyword: str) -> str | None:
         return (f"-k '{keyword}': kept example {kept[0]} was found on {found} and is replayed there only (this run is "
                 f"on {session.device})")
     return None
-
-
-def example(body: dict) -> Example | Moves:
-    """A kept example read back: a connector check's block moves, or a placed case."""
-    return Moves.from_json(json.dumps(body)) if "model" in body else Example.from_json(json.dumps(body))
 
 
 def device_kind(device: str) -> str:

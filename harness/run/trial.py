@@ -18,13 +18,13 @@ from harness import costs, devices
 from harness.cache import Paging, filled, read
 from harness.checks.outcome import Outcome
 from harness.compare import bits
-from harness.contract import Contract, ContractError, views
+from harness.contract import ContractError, views
 from harness.layer import Layer, in_force
 from harness.results import Word
+from harness.run.implementation import Drawn
 from harness.run.session import layer_of
 from harness.run.sink import POISONED
 from harness.run.targets import Target
-from harness.strategies import Example
 
 
 class Verdict(Exception):
@@ -62,11 +62,13 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Trial:
-    """One example (`example`, with the check's `extra` draw) of `target`, for check `check`, on `device`."""
+    """One example (`example`, with the check's `extra` draw) of `target`, for check `check`, on `device`. What
+    makes a cache of the example (`layer`, `prepare`, `allocate`, the splits) takes a placed example
+    (harness.strategies.Example) of a target with a contract."""
 
     target: Target
     check: str
-    example: Example
+    example: Drawn
     extra: object
     subject: object
     device: str
@@ -76,12 +78,6 @@ class Trial:
         """The layer value of the example's cache: what its release hands a layer."""
         ex = self.example
         return layer_of(self.target.release, self.target.contract, ex.dims, ex.case.torch_dtype)
-
-    @cached_property
-    def peer(self) -> tuple[Contract, Layer]:
-        """A relayout target's second geometry and the layer its release hands with it."""
-        ex, t = self.example, self.target
-        return t.peer, layer_of(t.release, t.peer, ex.dims, ex.case.torch_dtype)
 
     def prepare(self) -> Prepared:
         """Tokens written where the release's contract says (what vLLM's cache write does), pages poisoned."""

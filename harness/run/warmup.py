@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import threading
 
-from harness import checks, compiles
+from harness import compiles
 from harness.contract import Contract
 from harness.run.session import Session
-from harness.run.targets import targets
+from harness.run.targets import geometries
 from harness.strategies import warmup_shards
 from harness.subjects import FORWARD
 
@@ -43,7 +43,7 @@ def warm_contracts(session: Session) -> list[Contract]:
     on that alone (shapes, strides and offsets are runtime values; tests/test_compiles.py checks this against the
     launches of drawn examples)."""
     by_type: dict[object, Contract] = {}
-    for t in targets(session, checks.BIT_IDENTITY):
+    for t in geometries(session, kernels=True):
         if session.supports(t.release, t.contract) is None:
             by_type.setdefault(t.contract.dtype.view, t.contract)
     return list(by_type.values())

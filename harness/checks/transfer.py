@@ -1,6 +1,11 @@
-"""What the transfer check draws: examples whose caches are as small as 2 and 3 pages (where a cache's block axis is
-as long as a K/V axis and naive layout detection is ambiguous), and which blocks move where.
+"""transfer: blocks the subject extracts from one cache and injects into a fresh cache of the same contract at other
+block ids hold exactly the same K and V there, and nothing else of the target allocation changed (its other pages
+and other layers still poisoned); extract leaves the source as it was. For KV offloaders and connectors, which move
+blocks through their own views of the cache. Between extract and inject the source blocks are reused (poisoned
+again): a payload must own its data, as an offloaded block's must.
 
+What it draws (the relayout check draws the same): examples whose caches are as small as 2 and 3 pages (where a
+cache's block axis is as long as a K/V axis and naive layout detection is ambiguous), and which blocks move where.
 Every target first runs the ambiguous examples (harness.strategies.ambiguous: 2 KV heads, block_size == head_dim,
 two layers of a shared allocation, V's own head dim on a diff-KV contract), each moving every page that holds tokens:
 at num_blocks 2 both pages hold tokens and swap places, at num_blocks 3 the last page moves. Generated examples then
@@ -12,12 +17,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
-from typing import TYPE_CHECKING
-
 import torch
 from hypothesis import strategies as st
 
-from harness import model
+from harness import checks
 from harness.cache import Paging
 from harness.checks.outcome import Outcome, compare
 from harness.compare import bits
@@ -25,10 +28,10 @@ from harness.contract import Contract, views
 from harness.contract.views import poison
 from harness.layer import Layer, in_force
 from harness.results import Word
+from harness.run.implementation import Implementation
+from harness.run.targets import Target
+from harness.run.trial import Trial
 from harness.strategies import Example, Sizes, ambiguous, cases, examples as placed, num_blocks
-
-if TYPE_CHECKING:  # the runner hands a check its trial: an annotation here, never an import of the runner
-    from harness.run.trial import Trial
 
 SMALL = (2, 3)
 
@@ -142,59 +145,23 @@ def where(contract: Contract, dims, first: int) -> str:
     return ", ".join(f"{a}={int(i)}" for a, i in zip(contract.layout.physical, at))
 
 
-def connector_moved(t: Trial) -> Outcome:
-    """The outcome of moving manager blocks of a whole model with the subject (harness.model; which blocks, and the
-    source's bytes: the example's seed): extracted from every layer the connector is handed, the source allocations
-    then poisoned, injected at other manager block ids into fresh, poisoned allocations of the same model.
-    bit-identical when each handed layer's kernel blocks of every target manager block, read through the layer's
-    own view, hold those of its source manager block, and no other byte of the allocations changed (overlaid groups,
-    shared layers, layers not handed, padding)."""
-    m, seed = t.target.model, t.example.seed
-    src, dst = moves(list(range(m.num_blocks)), m.num_blocks, seed)
-    said = f"manager blocks {src} -> {dst} of {m.num_blocks}"
-    device = t.device
-    source = model.allocated(m.allocations, device)
-    g = torch.Generator().manual_seed(seed)
-    for b in source:
-        b.copy_(torch.randint(-128, 128, b.shape, dtype=torch.int8, generator=g))
-    before = [b.clone() for b in source]
-    layers = {h.name: h.layer for h in m.handed}
-    source_ids, target_ids = (torch.tensor(x, dtype=torch.int64, device=device) for x in (src, dst))
-    payload = t.call(t.subject.extract_blocks, model.kv_caches(m, source), layers, source_ids)
-    changed = sum(int((a != b).sum()) for a, b in zip(source, before))
-    if changed:
-        return Outcome(Word.DIFFERS, f"extract_blocks of {said} changed {changed} bytes of the source allocations")
-    for b in source:
-        b.fill_(model.POISON)
+class Moved(Implementation):
+    """A check that moves blocks: small caches half the time, the ambiguous sizes first, a seed of which blocks
+    move where as its argument."""
 
-    target = model.allocated(m.allocations, device)
-    t.call(t.subject.inject_blocks, model.kv_caches(m, target), layers, target_ids, payload)
-    if all(bool((b == model.POISON).all()) for b in target):
-        return Outcome(Word.DIFFERS, "after inject_blocks every byte of the target allocations is still the poison "
-                                     "they were allocated with: it wrote nothing, or only poison (a payload that "
-                                     f"aliases the source reads its reused, poisoned blocks) ({said})")
-    expected = model.allocated(m.allocations, device)
-    for h in m.handed:
-        want, was = model.tensor(h, expected), model.tensor(h, before)
-        for s, d in zip(src, dst):
-            for ks, kd in zip(h.kernel_blocks[s], h.kernel_blocks[d]):
-                model.kernel_block(want, h, kd).copy_(model.kernel_block(was, h, ks))
-    for h in m.handed:
-        got, want = model.tensor(h, target), model.tensor(h, expected)
-        axes = tuple(a for i, a in enumerate(h.contract.layout.logical) if i != h.block_axis)
-        for s, d in zip(src, dst):
-            kernel = h.kernel_blocks[d]
-            for j, (ks, kd) in enumerate(zip(h.kernel_blocks[s], kernel)):
-                o = compare(model.kernel_block(got, h, kd), model.kernel_block(want, h, kd),
-                            f"layer {h.name}: kernel block {kd} (block {j} of {len(kernel)} in manager block {d}) "
-                            f"should hold source manager block {s}'s kernel block {ks} ({said})", axes)
-                if o.word != Word.BIT_IDENTICAL:
-                    return Outcome(o.word, o.diagnosis, f"layer={h.name} block={d} kernel_block={kd}")
-    for i, (a, b) in enumerate(zip(target, expected)):
-        wrong = (a != b).nonzero()
-        if wrong.numel():
-            first = int(wrong[0])
-            at, place = model.owner(m, i, first)
-            return Outcome(Word.DIFFERS, f"{wrong.numel()} bytes of allocation {i} outside the moved kernel blocks "
-                                         f"changed (first at byte {first}: {at}; {said})", place)
-    return Outcome(Word.BIT_IDENTICAL)
+    def examples(self, target: Target, sizes: Sizes):
+        return examples([target.contract], sizes)
+
+    def explicit(self, target: Target, sizes: Sizes):
+        return explicit(target.contract, sizes)
+
+    def extra(self):
+        return seeds()
+
+
+class Transfer(Moved):
+    def body(self, t: Trial) -> Outcome:
+        return moved(t, t.example.contract, t.layer)  # the target: another layer of the same layout
+
+
+IMPLEMENTATION = Transfer(checks.TRANSFER)
