@@ -34,7 +34,8 @@ import nox
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from harness import build, matrix, results  # noqa: E402
+from harness import matrix, results  # noqa: E402
+from harness.matrix import build  # noqa: E402
 
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["tests"]
@@ -123,7 +124,7 @@ def nightly(session: nox.Session) -> None:
 @nox.session
 def replay(session: nox.Session) -> None:
     """Every recorded release's contracts through the conformance suites, without vLLM (CPU CI)."""
-    # The recordings' names, read here without importing harness.fixtures: nox's own interpreter has no torch.
+    # The recordings' names, read here without importing harness.recordings.store: nox's own interpreter has no torch.
     recorded = sorted((p.stem for p in (ROOT / "fixtures" / "contracts").glob("*.json")), key=matrix.version_key)
     with _posargs(session) as args:
         session.install("-e", ".[test]")
@@ -274,12 +275,12 @@ def report(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def bisect(session: nox.Session) -> None:
     """The first vLLM build where a check turns red for a subject (`nox -s bisect -- GOOD BAD [--commits FILE]
-    [--index WHERE] [pytest options]`: harness.bisect, which a host project runs as `python -m harness.bisect`): a
-    binary search over matrix.toml's releases from GOOD to BAD, or over vLLM main's per-commit wheels, each build tried
-    live in a fresh venv that is removed after it."""
+    [--index WHERE] [pytest options]`: harness.matrix.bisect, which a host project runs as `python -m
+    harness.matrix.bisect`): a binary search over matrix.toml's releases from GOOD to BAD, or over vLLM main's
+    per-commit wheels, each build tried live in a fresh venv that is removed after it."""
     # Run from the repository root (nox's working directory), which `python -m` puts on sys.path for harness: the
     # checkout is installed editable beside each build, and results go to its results/bisect/.
-    session.run(sys.executable, "-m", "harness.bisect", *session.posargs, external=True)
+    session.run(sys.executable, "-m", "harness.matrix.bisect", *session.posargs, external=True)
 
 
 @nox.session

@@ -19,7 +19,9 @@ sys.path.insert(0, str(ROOT))
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from harness import checks, fixtures, strategies  # noqa: E402
+from harness import checks  # noqa: E402
+from harness.draws import strategies
+from harness.recordings import store
 from harness.run import implementation  # noqa: E402
 from harness.run.releases import load_release  # noqa: E402
 from harness.run.targets import Target  # noqa: E402
@@ -53,7 +55,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--release", default="0.33.0")
     parser.add_argument("--examples", type=int, default=400)
     args = parser.parse_args(argv)
-    release = load_release(args.release, fixtures.ROOT)
+    release = load_release(args.release, store.ROOT)
     contracts = release.contracts
     kinds = {"per-layer": next(c for c in contracts if not c.layout.shared and not c.layout.latent),
              "shared": next((c for c in contracts if c.layout.shared), None)}

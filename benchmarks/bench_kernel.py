@@ -26,10 +26,10 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout, not installed
 from harness import performance  # noqa: E402
-from harness.cache import paging, write  # noqa: E402
-from harness.cases import Case  # noqa: E402
 from harness.compare import assert_bit_identical  # noqa: E402
 from harness.contract import Contract, Dims, families, views  # noqa: E402
+from harness.draws.cases import Case  # noqa: E402
+from harness.handed.cache import paging, write  # noqa: E402
 from harness.subjects import TileConfig, builtin  # noqa: E402
 from harness.subjects.builtin import BuiltinSubject, batch_tensors, launch, num_splits  # noqa: E402
 

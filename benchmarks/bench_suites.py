@@ -12,7 +12,7 @@ ran them; the checks that launch none (split agreement, malformed caches) are co
 empty Triton cache, `warm` reuses the cache the run before it filled. Compiles come from results/run.json (the
 warm-up's, and each worker's after it). Prints one line per run and writes them to --out as JSON.
 
-Then, per run, the cost of each check per example in milliseconds, split into phases (harness.costs: drawing,
+Then, per run, the cost of each check per example in milliseconds, split into phases (harness.device.costs: drawing,
 caches, the layer's setting, subject calls, device waits, the check's own work, comparing, result lines) and summed
 over its workers, next to the figure docs/measurements.md records under GUARD for that check; and one line per
 worker. The guard: the script exits 1 when a check of a warm run costs more than LIMIT times its recorded figure (a
@@ -36,7 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from harness import checks, costs, matrix, results  # noqa: E402
+from harness import checks, matrix, results  # noqa: E402
+from harness.device import costs
 
 KERNEL_CHECKS = checks.KERNEL_CHECKS
 RAN = ("bit-identical", "within-tolerance", "differs")  # kernel examples whose kernels ran

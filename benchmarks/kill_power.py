@@ -62,7 +62,7 @@ def caught(rows: list[results.Result]) -> tuple[list[str], list[str]]:
 
 @dataclass(frozen=True)
 class Setting:
-    """Where and how much a run draws: the device (its sizes, harness.strategies), the releases, and max_examples
+    """Where and how much a run draws: the device (its sizes, harness.draws.strategies), the releases, and max_examples
     in place of kvconform-generated's own (None: the profile's)."""
 
     device: str = "cpu"

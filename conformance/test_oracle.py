@@ -1,4 +1,4 @@
-"""oracle: the subject's dense forward agrees with the float64 oracle (harness.reference), under the sparsity
+"""oracle: the subject's dense forward agrees with the float64 oracle (harness.compare.reference), under the sparsity
 semantics the subject declares, within 2 * eps(dtype) * max|v| around the envelope of its decision paths
 (harness.checks.oracle derives the tolerance). Once per session, under its newest release, in each sparsity mode."""
 

@@ -1,8 +1,8 @@
 """The performance lane (`nox -s bench`, `python -m kvconform.bench`): per release and subject, the paged
 forward's time over the dense forward's on every distinct geometry the releases hand the subject (each geometry
 timed once, a line per release that hands it), at fixed workloads, judged against a noise band and the subject's
-known performance findings (harness.timings: the lines and words; harness.findings: the known ones). A new
-performance finding fails the lane, never a conformance check. CUDA only: an interpreted kernel's time says nothing
+known performance findings (harness.results.timings: the lines and words; harness.results.findings: the known ones). A
+new performance finding fails the lane, never a conformance check. CUDA only: an interpreted kernel's time says nothing
 of a compiled one's.
 
 A geometry is timed over the subject's own split of the release's kv_cache, once that split is the contract's K/V
@@ -19,19 +19,20 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from harness import checks, findings, timings
-from harness.cache import filled, paging
-from harness.cases import Case
+from harness import checks
 from harness.compare import diagnose, view_mismatch
 from harness.contract import Contract, ContractError, Dims, views
-from harness.findings import KnownPerformance
-from harness.layer import in_force
+from harness.draws.cases import Case
+from harness.handed.cache import filled, paging
+from harness.handed.layer import in_force
+from harness.results import findings, timings
+from harness.results.findings import KnownPerformance
+from harness.results.timings import NOT_TIMED, SLOWER, STALE, WITHIN, Timing
+from harness.results.words import count, listed
 from harness.run.releases import ReleaseContracts
 from harness.run.session import layer_of, serves, sizes_for, supports_layer
 from harness.run.targets import outside
 from harness.subjects import AUTOTUNE, TileConfig, capabilities_of
-from harness.timings import NOT_TIMED, SLOWER, STALE, WITHIN, Timing
-from harness.words import count, listed
 
 HEADS = dict(num_heads=32, kv_heads=8, head_dim=128, block_size=16)
 QWEN25_7B = dict(num_heads=28, kv_heads=4, head_dim=128, block_size=16)  # Qwen2.5-7B's config.json
@@ -110,7 +111,7 @@ def dims_of(contract: Contract, case: Case) -> Dims:
 
 
 @dataclass(frozen=True)
-class Geometry:
+class TimedGeometry:
     """One distinct geometry and the releases (with the contract each hands) it is timed for."""
 
     name: str
@@ -118,7 +119,7 @@ class Geometry:
 
 
 def geometries(subject: object, releases: Iterable[ReleaseContracts], case: Case, device: str
-               ) -> tuple[list[Geometry], list[str]]:
+               ) -> tuple[list[TimedGeometry], list[str]]:
     """The distinct geometries the releases hand the subject that its forwards read at `case` (those bit-identity
     takes), and why each other one is not timed."""
     caps = capabilities_of(subject)
@@ -138,7 +139,7 @@ def geometries(subject: object, releases: Iterable[ReleaseContracts], case: Case
     for n, w in left.items():
         if n not in handed:
             by_reason.setdefault(w, []).append(n)
-    return [Geometry(n, tuple(h)) for n, h in handed.items()], [
+    return [TimedGeometry(n, tuple(h)) for n, h in handed.items()], [
         f"{count(len(ns), 'geometry')} ({listed(ns)}): {w}"
         for w, ns in by_reason.items()]
 
@@ -166,7 +167,7 @@ class Lane:
     device: str = "cuda"
     say: Callable[[str], None] = print
 
-    def lines(self, workload: str, case: Case, geometries: list[Geometry]) -> list[Timing]:
+    def lines(self, workload: str, case: Case, geometries: list[TimedGeometry]) -> list[Timing]:
         """Every line of one workload: per geometry and tile, a line per release that hands the geometry."""
         q, k, v = case.inputs(self.device)
         rows: list[Timing] = []

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import limits
+from harness.device import limits
 
 FULL_FAILURES = 3  # new findings a process shows in full; later ones by their finding and REPRO line
 PLUGIN = "kvconform-run"  # the name the active run's KvconformPlugin is registered under
@@ -62,7 +62,7 @@ def pytest_cmdline_main(config: pytest.Config):
     # A wrapper: it runs before xdist's own (tryfirst) pytest_cmdline_main turns -n into its worker list, and before
     # hypothesis' pytest_configure loads --hypothesis-profile, which may name one of kvconform's profiles.
     if _active(config):
-        from harness import profiles
+        from harness.draws import profiles
 
         profiles.register()
         if config.getoption("hypothesis_profile", None):
@@ -139,7 +139,7 @@ class KvconformPlugin:
         return self._workers() or None
 
     def _workers(self) -> int:
-        from harness import devices
+        from harness.device import devices
 
         try:
             return devices.workers(self.config.getoption("kvconform_workers_per_gpu"))
@@ -148,10 +148,13 @@ class KvconformPlugin:
 
     @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config: pytest.Config) -> None:
-        from harness import devices
+        from harness.device import devices
 
         devices.prepare_triton()  # before any kernel module is imported
-        from harness import findings, fixtures, profiles, results
+        from harness import results
+        from harness.draws import profiles
+        from harness.recordings import store
+        from harness.results import findings
         from harness.run import session as sessions
         from kvconform import subjects
 
@@ -170,7 +173,7 @@ class KvconformPlugin:
             except ValueError as e:
                 raise pytest.UsageError(str(e)) from None
         spec = config.getoption("kvconform_subject") or os.environ.get("KVCONFORM_SUBJECT", "builtin")
-        contracts = Path(config.getoption("kvconform_contracts_dir") or fixtures.ROOT)
+        contracts = Path(config.getoption("kvconform_contracts_dir") or store.ROOT)
         results_dir = Path(config.getoption("kvconform_results_dir") or Path.cwd() / "results")
         regressions = Path(config.getoption("kvconform_regressions_dir") or _default_regressions(config, spec,
                                                                                                    results_dir))
@@ -238,7 +241,7 @@ class KvconformPlugin:
         geometries where a check the subject takes hands it one's cache) and what it leaves unchecked."""
         from hypothesis import settings
 
-        from harness import profiles
+        from harness.draws import profiles
         from harness.run import coverage
 
         s = self.session
@@ -266,7 +269,7 @@ class KvconformPlugin:
                 config.get_terminal_writer().line(line)
         if self.worker is not None or not s.device.startswith("cuda") or session.config.option.collectonly:
             return
-        from harness import devices
+        from harness.device import devices
         from harness.run import warmup
 
         self.warming = warmup.behind(s, [f"cuda:{i}" for i in range(devices.gpus())], len(os.sched_getaffinity(0)))
@@ -431,7 +434,7 @@ class Conformance:
     process); records a whole item's or release's outcome."""
 
     def __init__(self, plugin: KvconformPlugin, request: pytest.FixtureRequest):
-        from harness import compiles
+        from harness.device import compiles
         from harness.run import loop
 
         self.worker = plugin.worker

@@ -4,8 +4,8 @@
     python -m kvconform.bench                                   # builtin, every workload
     python -m kvconform.bench --subject builtin --subject modelopt --workload "decode *"
 
-Writes results/<release>/performance.jsonl (harness.timings), prints a line per cell as it is timed and a table per
-subject, and exits 1 on a new performance finding (a cell slower than its limit, or not timed, that no known finding
+Writes results/<release>/performance.jsonl (harness.results.timings), prints a line per cell as it is timed and a table
+per subject, and exits 1 on a new performance finding (a cell slower than its limit, or not timed, that no known finding
 of the subject predicts), 2 when it cannot run (no CUDA, a subject without forwards).
 """
 
@@ -18,11 +18,13 @@ from pathlib import Path
 
 import torch
 
-from harness import devices, findings, fixtures, matrix, performance, timings
-from harness.results import new_run_id
+from harness import matrix, performance
+from harness.device import devices
+from harness.recordings import store
+from harness.results import findings, new_run_id, timings
+from harness.results.timings import NOT_TIMED, SLOWER, STALE, WITHIN, Timing
 from harness.run.releases import load_release, releases_asked, vllm_installed
 from harness.subjects import FORWARD, capabilities_of
-from harness.timings import NOT_TIMED, SLOWER, STALE, WITHIN, Timing
 from kvconform.subjects import load_subject
 
 
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", action="append", help="glob over the workloads (default: all): "
                     + ", ".join(performance.WORKLOADS))
     ap.add_argument("--results", type=Path, default=Path("results"))
-    ap.add_argument("--contracts-dir", type=Path, default=fixtures.ROOT)
+    ap.add_argument("--contracts-dir", type=Path, default=store.ROOT)
     ap.add_argument("--known-findings", type=Path, default=findings.DIRECTORY)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

@@ -3,14 +3,14 @@ contracts of some of its geometries, under the recording's own release name or a
 
 from __future__ import annotations
 
-from harness import fixtures
 from harness.contract import Contract
+from harness.recordings import store
 
 
 def geometries(release: str, names: list[str] | None = None, count: int | None = None) -> tuple[Contract, ...]:
     """`release`'s recorded contracts of the geometries `names` (in that order; all when None), or its first `count`
     distinct ones; KeyError naming what the recording lacks."""
-    rec = fixtures.load(release)
+    rec = store.load(release)
     by_name = {}
     for c in rec.contracts:
         by_name.setdefault(c.name, c)
@@ -22,7 +22,7 @@ def geometries(release: str, names: list[str] | None = None, count: int | None =
     return tuple(by_name[n] for n in names)
 
 
-def cut(release: str, contracts: tuple[Contract, ...], name: str | None = None) -> fixtures.Recording:
+def cut(release: str, contracts: tuple[Contract, ...], name: str | None = None) -> store.Recording:
     """A recording named `name` (default `release`) of `contracts`, with `release`'s observations and layout API."""
-    rec = fixtures.load(release)
-    return fixtures.Recording(name or release, contracts, rec.observations, rec.api)
+    rec = store.load(release)
+    return store.Recording(name or release, contracts, rec.observations, rec.api)

@@ -1,6 +1,6 @@
-"""The whole-model allocations the probe recorded (harness.probe.allocation) as read back by harness.allocations:
-each recording holds together, a change at this level is drift, and docs/releases.md shows what the command prints.
-No vLLM needed: the recordings are the release's answers."""
+"""The whole-model allocations the probe recorded (harness.probe.allocation) as read back by
+harness.recordings.allocations: each recording holds together, a change at this level is drift, and docs/releases.md
+shows what the command prints. No vLLM needed: the recordings are the release's answers."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import allocations, fixtures
-from harness.drift import drift
 from harness.probe.models import MODELS
+from harness.recordings import allocations, store
+from harness.recordings.drift import drift
 
 REPO = Path(__file__).resolve().parents[1]
 RECS = allocations.recordings()
@@ -78,8 +78,8 @@ def test_the_cell_says_each_thing_a_consumer_must_know():
     assert allocations.cell(found["uniform"]) == "LBNHC, 1 group"
 
 
-def _live(change) -> fixtures.Recording:
-    rec = fixtures.load(NEWEST)
+def _live(change) -> store.Recording:
+    rec = store.load(NEWEST)
     obs = copy.deepcopy(rec.observations)
     change(obs["allocations"])
     return dataclasses.replace(rec, observations=obs)
@@ -88,7 +88,7 @@ def _live(change) -> fixtures.Recording:
 def test_a_kernel_block_size_that_moves_is_drift_naming_model_layer_and_values():
     def smaller(a):
         a["models"]["kernel-split"]["layers"]["layers.0"]["kernel_block_size"] = 16
-    lines = drift(fixtures.load(NEWEST), _live(smaller))
+    lines = drift(store.load(NEWEST), _live(smaller))
     assert lines == ["allocation: kernel-split layers.layers.0.kernel_block_size: 64 -> 16"]
 
 
@@ -96,7 +96,7 @@ def test_a_model_the_release_starts_refusing_is_drift():
     def refuse(a):
         a["models"]["hybrid"] = {"about": a["models"]["hybrid"]["about"],
                                  "refused": {"step": "get_kv_cache_groups", "error": "ValueError: no"}}
-    lines = drift(fixtures.load(NEWEST), _live(refuse))
+    lines = drift(store.load(NEWEST), _live(refuse))
     assert lines == ["allocation: hybrid: LBNHC, 2 groups, groups overlaid, padded pages -> refused at "
                      "get_kv_cache_groups: ValueError: no"]
 
@@ -104,7 +104,7 @@ def test_a_model_the_release_starts_refusing_is_drift():
 def test_a_connector_handed_another_view_than_the_layer_is_drift():
     def other(a):
         a["models"]["kernel-split"]["layers"]["layers.1"]["connector"] = {"shape": [4, 2, 256, 64]}
-    lines = drift(fixtures.load(NEWEST), _live(other))
+    lines = drift(store.load(NEWEST), _live(other))
     assert lines == ["allocation: kernel-split layers.layers.1.connector: the layer's tensor -> "
                      "{'shape': [4, 2, 256, 64]}"]
 
@@ -112,20 +112,20 @@ def test_a_connector_handed_another_view_than_the_layer_is_drift():
 def test_another_allocating_function_is_drift():
     def runner(a):
         a["allocator"] = "vllm.v1.worker.gpu_model_runner.GPUModelRunner.initialize_kv_cache_tensors"
-    assert drift(fixtures.load(NEWEST), _live(runner)) == [
+    assert drift(store.load(NEWEST), _live(runner)) == [
         "allocation: allocator vllm.v1.worker.utils.allocate_kv_cache -> "
         "vllm.v1.worker.gpu_model_runner.GPUModelRunner.initialize_kv_cache_tensors"]
 
 
 def test_a_recording_without_allocations_drifts_until_re_recorded():
-    rec = fixtures.load(NEWEST)
+    rec = store.load(NEWEST)
     bare = dataclasses.replace(rec, observations={k: v for k, v in rec.observations.items() if k != "allocations"})
     assert drift(bare, rec) == ["allocation: whole-model allocations: not recorded -> read"]
     assert drift(rec, rec) == []
 
 
 def test_docs_releases_shows_what_the_command_prints():
-    printed = subprocess.run([sys.executable, "-m", "harness.fixtures", "allocations"], capture_output=True,
+    printed = subprocess.run([sys.executable, "-m", "harness.recordings.store", "allocations"], capture_output=True,
                              text=True, check=True, cwd=REPO).stdout
     doc = (REPO / "docs" / "releases.md").read_text()
-    assert printed.strip() in doc, "docs/releases.md: paste `python -m harness.fixtures allocations` again"
+    assert printed.strip() in doc, "docs/releases.md: paste `python -m harness.recordings.store allocations` again"

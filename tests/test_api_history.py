@@ -1,4 +1,4 @@
-"""What a consumer can call, release by release (harness.api_history): the changes found in the committed
+"""What a consumer can call, release by release (harness.recordings.api_history): the changes found in the committed
 recordings, exactly those of a hand-written pair of `api` fields, none between identical ones or respelled
 annotations, and the table committed in docs/releases.md is what the command prints."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import api_history, fixtures
-from harness.api_history import GONE, NEW, SIGNATURE, VALUE, Change
+from harness.recordings import api_history, store
+from harness.recordings.api_history import GONE, NEW, SIGNATURE, VALUE, ApiChange
 from harness.vllm_api import surface
 
 REPO = Path(__file__).resolve().parent.parent
@@ -21,17 +21,17 @@ def test_the_recordings_show_the_layout_calls_that_came_and_went():
     gone = STEPS["0.29.0"].changes
     assert STEPS["0.29.0"].before == "0.28.0" and STEPS["0.29.0"].backends == every
     for name in ("get_kv_cache_shape", "get_kv_cache_stride_order"):
-        assert Change(GONE, name, every) in gone
+        assert ApiChange(GONE, name, every) in gone
     for name in ("get_kv_cache_layout", "set_kv_cache_layout"):
-        assert Change(GONE, f"vllm.v1.attention.backends.utils.{name}") in gone
-    assert {Change(NEW, "module vllm.v1.kv_cache_layout"), Change(NEW, "vllm.v1.kv_cache_layout.KVCacheLayout"),
-            Change(NEW, "supported_kv_cache_layouts", every)} <= set(gone)
+        assert ApiChange(GONE, f"vllm.v1.attention.backends.utils.{name}") in gone
+    assert {ApiChange(NEW, "module vllm.v1.kv_cache_layout"), ApiChange(NEW, "vllm.v1.kv_cache_layout.KVCacheLayout"),
+            ApiChange(NEW, "supported_kv_cache_layouts", every)} <= set(gone)
     five = tuple(b for b in every if b != "FLASH_ATTN_DIFFKV")  # the diff-KV backend comes in 0.14.1
-    assert Change(SIGNATURE, "get_kv_cache_shape", five,
+    assert ApiChange(SIGNATURE, "get_kv_cache_shape", five,
                   "gains cache_dtype_str: str = 'auto'") in STEPS["0.11.2"].changes
-    assert Change(SIGNATURE, "get_kv_cache_stride_order", five,
+    assert ApiChange(SIGNATURE, "get_kv_cache_stride_order", five,
                   "gains include_num_layers_dimension: bool = False") in STEPS["0.12.0"].changes
-    assert Change(NEW, "backend FLEX_ATTENTION") in STEPS["0.9.2"].changes
+    assert ApiChange(NEW, "backend FLEX_ATTENTION") in STEPS["0.9.2"].changes
     # 0.9.2 respells get_kv_cache_stride_order's return `Tuple[int, ...]` as `tuple[int, ...]`: the same call.
     assert not [c for c in STEPS["0.9.2"].changes if c.kind == SIGNATURE]
     assert STEPS["0.30.0"].changes == () and STEPS["main"].changes == ()
@@ -117,9 +117,9 @@ def test_a_recording_that_is_not_json_is_an_error_naming_it(tmp_path):
 
 
 def test_the_committed_table_is_what_the_command_prints(capsys):
-    assert fixtures.main(["api-changes"]) == 0
+    assert store.main(["api-changes"]) == 0
     printed = capsys.readouterr().out
     assert printed == api_history.table() + "\n"
     doc = (REPO / "docs" / "releases.md").read_text()
     section = doc.split("\n## What a consumer can call, release by release\n", 1)[1].split("\n## ", 1)[0]
-    assert printed.strip() in section, "docs/releases.md: paste `python -m harness.fixtures api-changes` again"
+    assert printed.strip() in section, "docs/releases.md: paste `python -m harness.recordings.store api-changes` again"

@@ -17,9 +17,14 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from harness import checks, findings, fixtures, profiles, strategies
+from harness import checks
 from harness.checks.outcome import Outcome
-from harness.run import implementation, loop, session as sessions, targets as targeting
+from harness.draws import profiles, strategies
+from harness.recordings import store
+from harness.results import findings
+from harness.run import implementation, loop
+from harness.run import session as sessions
+from harness.run import targets as targeting
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import offloader  # noqa: E402
@@ -37,7 +42,7 @@ def ci():
 
 
 def _session(tmp_path, subject, *releases):
-    s = sessions.start("builtin", list(releases), fixtures.ROOT, tmp_path / "results", tmp_path / "regressions",
+    s = sessions.start("builtin", list(releases), store.ROOT, tmp_path / "results", tmp_path / "regressions",
                      findings.DIRECTORY, "cpu", "test-main", "")
     return dataclasses.replace(s, subject=subject, subject_name=subject.name,
                                capabilities=frozenset(subject.capabilities))

@@ -12,13 +12,13 @@ import types
 from pathlib import Path
 
 import pytest
+import recorded
 import torch
 
-import recorded
 from harness.backends import LAYOUT_ENV, layout_env
-from harness.cache import paging, read, write
 from harness.contract import Contract, ContractError, Dims, cache_dtype, cross_layer, views
-from harness.fixtures import save
+from harness.handed.cache import paging, read, write
+from harness.recordings.store import save
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -253,7 +253,8 @@ def test_a_planted_stride_bug_fails_on_the_fp8_cache(layouts):
     assert re.search(r"^E\s+REPRO bit-identity release=0.33.0 .*geometry=packed:B.N.H.C@fp8_e4m3", out, re.M)
 
 
-# ---- harness.backends: vLLM's layout setting -------------------------------------------------------------------
+# ---- harness.backends: vLLM's layout setting
+# -------------------------------------------------------------------
 
 
 def _cached_reader(monkeypatch, module: str, name: str, calls: list) -> None:
@@ -317,7 +318,7 @@ def test_layout_env_needs_no_vllm_and_the_module_imports_nothing_of_harness(monk
         monkeypatch.delitem(sys.modules, name)
     with layout_env("HND"):
         assert os.environ[LAYOUT_ENV] == "HND"
-    done = subprocess.run([sys.executable, "-c", "import sys, harness.backends; print(sorted(m for m in sys.modules "
-                           "if m.split('.')[0] in ('harness', 'vllm', 'torch')))"],
+    done = subprocess.run([sys.executable, "-c", "import sys, harness.backends; print(sorted(m for m in "
+                           "sys.modules if m.split('.')[0] in ('harness', 'vllm', 'torch')))"],
                           capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.stdout.split() == ["['harness',", "'harness.backends']"], done.stderr

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from envs import fake_vllm_wheel, one_build_at_a_time, venv_seeing_these_packages
 
-from harness import bisect as b
 from harness import matrix
+from harness.matrix import bisect as b
 
 REPO = Path(__file__).resolve().parent.parent
 Search = Callable[..., b.Bisection]
@@ -31,14 +31,15 @@ SIZES = range(1, 10)  # builds after GOOD: GOOD is 0, BAD the last
 BOUNDARIES = [(n, first_red) for n in SIZES for first_red in range(1, n + 1)]
 
 
-def _verdicts(first_red: int, skipped: frozenset[int] = frozenset()) -> tuple[Callable[[int], b.Verdict], list[int]]:
+def _verdicts(first_red: int, skipped: frozenset[int] = frozenset()
+              ) -> tuple[Callable[[int], b.BuildVerdict], list[int]]:
     """A verdict over builds 0, 1, ...: green before `first_red`, red from it, skipped in `skipped`; and the list
     of builds it was asked about, in order."""
     asked: list[int] = []
 
-    def verdict(i: int) -> b.Verdict:
+    def verdict(i: int) -> b.BuildVerdict:
         asked.append(i)
-        return b.Verdict(b.SKIPPED if i in skipped else b.GREEN if i < first_red else b.RED, why=f"build {i}")
+        return b.BuildVerdict(b.SKIPPED if i in skipped else b.GREEN if i < first_red else b.RED, why=f"build {i}")
 
     return verdict, asked
 
@@ -148,21 +149,21 @@ def _upper_middle_off_by_one(candidates, verdict):
 
 
 def _trusts_the_ends(candidates, verdict):
-    return b.bisect(candidates, lambda c: b.Verdict(b.GREEN) if c == candidates[0] else
-                    b.Verdict(b.RED) if c == candidates[-1] else verdict(c))
+    return b.bisect(candidates, lambda c: b.BuildVerdict(b.GREEN) if c == candidates[0] else
+                    b.BuildVerdict(b.RED) if c == candidates[-1] else verdict(c))
 
 
 def _skip_is_green(candidates, verdict):
     def said(c):
         v = verdict(c)
-        return b.Verdict(b.GREEN) if v.word == b.SKIPPED else v
+        return b.BuildVerdict(b.GREEN) if v.word == b.SKIPPED else v
     return b.bisect(candidates, said)
 
 
 def _skip_is_red(candidates, verdict):
     def said(c):
         v = verdict(c)
-        return b.Verdict(b.RED) if v.word == b.SKIPPED and c != candidates[0] else v
+        return b.BuildVerdict(b.RED) if v.word == b.SKIPPED and c != candidates[0] else v
     return b.bisect(candidates, said)
 
 
@@ -313,8 +314,10 @@ def test_an_installed_kvconform_is_installed_again_from_where_it_came(tmp_path, 
 
 
 def test_summary_says_the_first_red_the_tried_and_the_skipped():
-    end = b.Bisection(((0, b.Verdict(b.GREEN, "log: a", "vllm 0.1", 1.0)), (3, b.Verdict(b.RED, "log: d", "", 2.0)),
-                       (1, b.Verdict(b.SKIPPED, "no wheel", "", 0.1)), (2, b.Verdict(b.RED, "log: c", "vllm 0.3"))),
+    end = b.Bisection(((0, b.BuildVerdict(b.GREEN, "log: a", "vllm 0.1", 1.0)),
+                       (3, b.BuildVerdict(b.RED, "log: d", "", 2.0)),
+                       (1, b.BuildVerdict(b.SKIPPED, "no wheel", "", 0.1)),
+                       (2, b.BuildVerdict(b.RED, "log: c", "vllm 0.3"))),
                       0, 2, ())
     lines = b.summary_lines(end, 12.34)
     assert lines[:2] == ["bisect: first red: 2 (vllm 0.3); log: c", "bisect: last green: 0 (vllm 0.1)"]
@@ -347,7 +350,7 @@ def test_first_red_commit_over_a_local_directory_of_per_commit_wheels(tmp_path, 
     candidates = b.commit_candidates(b.commits_listed(listed), commits[0], commits[-1], str(wheels),
                                      matrix.get("main"), python, str(listed))
     # pytest only beside the fake vLLM: the test file is the run's target, not kvconform's suites.
-    trial = b.Trial(("pytest",), lambda c, out: [str(test_file), "-q", "-p", "no:cacheprovider"],
+    trial = b.Tryout(("pytest",), lambda c, out: [str(test_file), "-q", "-p", "no:cacheprovider"],
                     tmp_path / "venvs", tmp_path / "logs", tmp_path)
     end = b.bisection(candidates, trial)
     printed = capsys.readouterr().out
@@ -377,7 +380,7 @@ def test_a_run_that_is_no_verdict_skips_the_build(tmp_path):
                             matrix.Interpreter(platform.python_version(), sys.executable))[0]
     empty = tmp_path / "test_none.py"
     empty.write_text("")
-    trial = b.Trial(("pytest",), lambda c, out: [str(empty), "-q", "-p", "no:cacheprovider"], tmp_path / "venvs",
+    trial = b.Tryout(("pytest",), lambda c, out: [str(empty), "-q", "-p", "no:cacheprovider"], tmp_path / "venvs",
                     tmp_path / "logs", tmp_path)
     v = b.verdict_of(c, trial)
     assert v.word == b.SKIPPED and v.why.startswith("pytest exit 5 (no tests collected); log: "), v
@@ -459,10 +462,11 @@ def test_from_a_host_project_the_installed_commands_read_the_matrix_and_plan_in_
     assert (done.returncode, done.stdout.splitlines()) == (0, ["vllm==0.9.2", "transformers<4.54"]), done.stderr
     where = run("-c", "from harness import matrix; print(matrix.PATH)").stdout.strip()
     assert where.startswith(str(env_dir)) and where.endswith("harness/matrix.toml"), where
-    done = run("-m", "harness.bisect", "0.24.0", "0.22.1")
+    done = run("-m", "harness.matrix.bisect", "0.24.0", "0.22.1")
     assert done.returncode == 2 and done.stderr == "bisect: GOOD 0.24.0 must come before BAD 0.22.1 in " \
         f"{where}'s release order\n", done.stderr
-    documented = re.search(r"^ {4}python (-m harness\.bisect .*)$", (REPO / "docs" / "suites.md").read_text(), re.M)
+    documented = re.search(r"^ {4}python (-m harness\.matrix\.bisect .*)$", (REPO / "docs" / "suites.md").read_text(),
+                           re.M)
     assert documented, "docs/suites.md's bisect section shows the command a host project runs"
     done = run(*shlex.split(documented.group(1)))  # 0.22.1 0.24.0 --kvconform-subject=... -k model_transfer
     out = done.stdout + done.stderr

@@ -17,18 +17,31 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from harness import checks, findings, fixtures
-from harness.run import implementation, loop, session as sessions
-from harness.run.regressions import Regression
-from harness.cases import Case
-from harness.contract import views
-from harness.layer import Layer
 
-from harness.strategies import Example
+from harness import checks
+from harness.contract import views
+from harness.draws.cases import Case
+from harness.draws.strategies import Example
+from harness.handed.layer import Layer
+from harness.recordings import store
+from harness.results import findings
+from harness.run import implementation, loop
+from harness.run import session as sessions
+from harness.run.regressions import Regression
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from breakages import (diffkv_v_width, dynamo_12750, flexkv_187, fp8_type, kvcached_424,  # noqa: E402
-                       lmcache_4463, lmcache_4729, nixl_hetero_tp, vllm_49011, vllm_55904)
+from breakages import (  # noqa: E402
+    diffkv_v_width,
+    dynamo_12750,
+    flexkv_187,
+    fp8_type,
+    kvcached_424,
+    lmcache_4463,
+    lmcache_4729,
+    nixl_hetero_tp,
+    vllm_49011,
+    vllm_55904,
+)
 
 SIZES = [(kv_heads, blocks) for kv_heads in (2, 1) for blocks in (2, 5)]  # (KV heads, num_blocks)
 CORNERS = [(2, 2), (1, 5)]  # the most ambiguous sizes and the plainest
@@ -122,7 +135,7 @@ TWINS = {lmcache_4463.StatedLayout: checks.SPLIT_AGREES, flexkv_187.AskedKVAxis:
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("breakages")
-    return sessions.start("builtin", ["recorded"], fixtures.ROOT, tmp / "results", tmp / "regressions",
+    return sessions.start("builtin", ["recorded"], store.ROOT, tmp / "results", tmp / "regressions",
                         findings.DIRECTORY, "cpu", "test", "")
 
 

@@ -1,5 +1,5 @@
-"""The vLLM build a result names (harness.build): read off an installed distribution's files without importing it,
-from a recording, and as the pin that installs it again."""
+"""The vLLM build a result names (harness.matrix.build): read off an installed distribution's files without importing
+it, from a recording, and as the pin that installs it again."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from harness import build, fixtures
-from harness.build import PYPI, Build
+from harness.matrix import build
+from harness.matrix.build import PYPI, Build
+from harness.recordings import store
 
 
 def fake_vllm(where, version: str, version_py: str | None, tags=("cp38-abi3-linux_x86_64",)):
@@ -69,7 +70,7 @@ def test_a_recording_names_the_build_it_was_probed_from():
                           "0.33.0") == Build("0.33.0", "abc1234", "w.whl", PYPI)
     # Recorded before the probe kept builds: the version it was probed from, nothing guessed.
     assert build.recorded({"installed": "0.33.0"}, "main") == Build("0.33.0")
-    assert build.recorded(fixtures.load("main").observations, "main").version == "0.33.0"
+    assert build.recorded(store.load("main").observations, "main").version == "0.33.0"
 
 
 def test_a_session_index_is_the_nightly_or_uvs_default(monkeypatch):

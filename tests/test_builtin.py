@@ -16,11 +16,14 @@ import dataclasses  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from harness import reference  # noqa: E402
-from harness.cache import Paging, paging, write  # noqa: E402
-from harness.cases import Case, Sparsity  # noqa: E402
-from harness.compare import assert_bit_identical, diagnose  # noqa: E402
+from harness.compare import (  # noqa: E402
+    assert_bit_identical,
+    diagnose,
+    reference,  # noqa: E402
+)
 from harness.contract import Contract, Dims, cross_layer, families, views  # noqa: E402
+from harness.draws.cases import Case, Sparsity  # noqa: E402
+from harness.handed.cache import Paging, paging, write  # noqa: E402
 from harness.subjects import builtin  # noqa: E402
 from harness.subjects.builtin import BuiltinSubject  # noqa: E402
 from kvconform.subjects.mutants import MUTANTS, Mutant, mutant_subject, mutated_source  # noqa: E402

@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from harness.cache import paging
+from harness.handed.cache import paging
 
 
 def test_pages_are_distinct_and_cover_each_sequence():
@@ -49,7 +49,7 @@ def test_a_paging_moved_off_the_host_keeps_the_table_it_moved():
 
 
 def test_the_builtins_table_check_reads_the_kept_host_table_not_the_device():
-    from harness.cases import Case
+    from harness.draws.cases import Case
     from harness.subjects.builtin import _check_table
 
     case = Case((1, 1), (5, 33), 1, 1, 64, 16, "float16")
@@ -60,7 +60,7 @@ def test_the_builtins_table_check_reads_the_kept_host_table_not_the_device():
 
 
 def test_batch_offsets_are_one_upload_of_aligned_rows():
-    from harness.cases import Case
+    from harness.draws.cases import Case
     from harness.subjects.builtin import batch_tensors
 
     for batch in range(1, 9):

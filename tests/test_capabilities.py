@@ -18,7 +18,7 @@ pytest_plugins = ["pytester"]
 
 CONSUMER = '''
 """A host project's KV-cache consumer (an RL framework reading the cache): a split, no attention, no supports."""
-from harness.layer import kv_views
+from harness.handed.layer import kv_views
 
 
 class Correct:
@@ -122,8 +122,16 @@ def test_a_bad_capability_declaration_is_a_usage_error(caps, says):
 
 
 def test_checks_declare_what_they_need():
-    from kvconform.suites import (test_bit_identity, test_contracts, test_determinism, test_malformed, test_oracle,
-                                  test_split, test_transfer, test_vllm_write)
+    from kvconform.suites import (
+        test_bit_identity,
+        test_contracts,
+        test_determinism,
+        test_malformed,
+        test_oracle,
+        test_split,
+        test_transfer,
+        test_vllm_write,
+    )
 
     needs = {m.CHECK.name: m.CHECK.needs for m in (test_bit_identity, test_contracts, test_determinism,
                                                    test_malformed, test_oracle, test_split, test_transfer,
@@ -206,10 +214,11 @@ class NoDiffKV:
 
 def test_the_header_lists_the_diff_kv_geometries_a_subject_refuses(tmp_path):
     # Asked at the sizes the examples draw (V narrower and wider than K), not at one head size for both.
-    from harness import findings, fixtures
+    from harness.recordings import store
+    from harness.results import findings
     from harness.run import coverage
 
-    s = sessions.start("test_capabilities:NoDiffKV", ["0.25.1"], fixtures.ROOT, tmp_path, tmp_path / "kept",
+    s = sessions.start("test_capabilities:NoDiffKV", ["0.25.1"], store.ROOT, tmp_path, tmp_path / "kept",
                        findings.DIRECTORY, "cpu", "test", "")
     line = coverage.coverage(s)[0]
     assert ("2 geometries (packed-tokens:B.N.H.C+diffkv, packed-tokens:B.H.N.C+diffkv): unsupported, by its "

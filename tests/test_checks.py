@@ -112,6 +112,7 @@ def test_the_runner_scan_sees_a_check_taken_by_its_constant(tmp_path):
 
 def test_every_suite_module_is_one_declared_check_implemented_under_harness_checks():
     import kvconform.suites as suites
+
     from harness.run import implementation
 
     modules = sorted(p.stem for p in Path(suites.__path__[0]).glob("test_*.py"))
@@ -147,7 +148,7 @@ def test_the_declarations_name_no_other_module_not_even_as_a_string():
 
 
 def test_a_view_check_draws_five_times_the_examples_up_to_its_most_never_fewer_than_a_kernel_check():
-    from harness import profiles
+    from harness.draws import profiles
 
     per = {name: values["max_examples"] for name, values in profiles.PROFILES.items()}
     view, kernel = checks.SPLIT_AGREES, checks.BIT_IDENTITY

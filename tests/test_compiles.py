@@ -14,11 +14,16 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import checks, compiles, findings, fixtures
-from harness.run import implementation, session as sessions, targets as targeting, warmup
-from harness.cases import Case
+from harness import checks
 from harness.contract import cache_dtype, families
-from harness.strategies import CPU, GPU, examples, warmup_shards
+from harness.device import compiles
+from harness.draws.cases import Case
+from harness.draws.strategies import CPU, GPU, examples, warmup_shards
+from harness.recordings import store
+from harness.results import findings
+from harness.run import implementation, warmup
+from harness.run import session as sessions
+from harness.run import targets as targeting
 from harness.subjects import builtin, load_subject
 from harness.subjects.builtin import BuiltinSubject
 
@@ -76,7 +81,7 @@ def launches():
 def session(tmp_path_factory):
     """A session over every recording (every backend and cache dtype): what the warm-up and the examples meet."""
     d = tmp_path_factory.mktemp("session")
-    return sessions.start("builtin", ["recorded"], fixtures.ROOT, d, d, findings.DIRECTORY, "cpu", "test", "")
+    return sessions.start("builtin", ["recorded"], store.ROOT, d, d, findings.DIRECTORY, "cpu", "test", "")
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +222,7 @@ def test_a_finished_warm_up_is_not_repeated_in_the_same_cache(tmp_path, monkeypa
 PTX = """
 import json, re, sys
 import torch
-from harness.cases import Case
+from harness.draws.cases import Case
 from harness.subjects import builtin
 
 case, paged = Case((1,) * 4, (4096,) * 4, 32, 8, 128, 16), sys.argv[1] == "paged"
@@ -240,7 +245,7 @@ def test_unspecialised_strides_still_give_vectorised_loads():
 
 SASS = """
 import json, runpy, torch
-from harness.cases import Case
+from harness.draws.cases import Case
 from harness.subjects import builtin
 
 loop_instructions = runpy.run_path("benchmarks/kernel_sass.py")["loop_instructions"]
@@ -272,7 +277,7 @@ def test_the_warm_up_runs_behind_and_kernel_items_wait_for_its_end(tmp_path, mon
     monkeypatch.setattr(compiles.triton.knobs.cache, "dir", str(tmp_path / "triton"))
     small = small_shards(2, 1)
     monkeypatch.setattr(warmup, "warmup_shards", lambda sizes: small)
-    s = sessions.start("builtin", ["0.25.1"], fixtures.ROOT, tmp_path, tmp_path, findings.DIRECTORY, "cpu", "w", "",
+    s = sessions.start("builtin", ["0.25.1"], store.ROOT, tmp_path, tmp_path, findings.DIRECTORY, "cpu", "w", "",
                      run="behind")
     warming = warmup.behind(s, ["cpu"], 1)
     assert warming is not None and warming.thread.is_alive()  # returned before the warm-up ended

@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.cache import paging, read, write
 from harness.compare import diagnose
 from harness.contract import Contract, ContractError, Dims, cross_layer, families, views
+from harness.handed.cache import paging, read, write
 
 SINGLE = families()
 SHARED = [cross_layer(c, outer) for c in SINGLE for outer in (True, False)]
@@ -291,16 +291,16 @@ def test_round_trip_passes_for_the_right_split():
 
 
 def test_a_recorded_origin_is_read_into_release_backend_and_setting():
-    from harness import fixtures
-    from harness.contract import Origin
     from harness.backends import BACKENDS as PROBED
+    from harness.contract import Origin
+    from harness.recordings import store
 
     BACKENDS = {b.name for b in PROBED}
 
     o = Origin.parse("vllm 0.33.0 FLASH_ATTN LBNHC single-layer + BLNHC single-layer")
     assert (o.release, o.backend, o.setting) == ("0.33.0", "FLASH_ATTN", "LBNHC single-layer + BLNHC single-layer")
     assert Origin.parse("hand-made") == Origin(setting="hand-made") and str(Origin()) == ""
-    for release in fixtures.releases():  # every recorded line reads back into the same line, naming its release
-        for c in fixtures.load(release).contracts:
+    for release in store.releases():  # every recorded line reads back into the same line, naming its release
+        for c in store.load(release).contracts:
             assert c.origin.backend_name in BACKENDS and str(Origin.parse(str(c.origin))) == str(c.origin)
             assert c.origin.release == release or release == "main"

@@ -1,5 +1,5 @@
-"""Where a run's time goes (harness.costs), the benchmark guard over it (benchmarks/bench_suites.py), result lines
-written per item, and Triton's interpreter without its dropped overflow checks."""
+"""Where a run's time goes (harness.device.costs), the benchmark guard over it (benchmarks/bench_suites.py), result
+lines written per item, and Triton's interpreter without its dropped overflow checks."""
 
 import importlib.util
 import json
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness import costs, devices
+from harness.device import costs, devices
 from harness.results import Word
 from harness.run.releases import ReleaseContracts
 from harness.run.sink import Sink

@@ -2,7 +2,7 @@
 caused it; the rest of the run goes on in a fresh xdist worker.
 
 On the CPU the fault is simulated: the planted subject raises the error CUDA gives for an illegal address and
-makes `harness.devices.poisoned` report the device unusable, as a real fault would. On a GPU, `ReadsPastCache`
+makes `harness.device.devices.poisoned` report the device unusable, as a real fault would. On a GPU, `ReadsPastCache`
 faults for real: `PYTHONPATH=tests pytest conformance --kvconform-release 0.33.0 --kvconform-subject test_faults:ReadsPastCache`.
 """
 
@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 
 import recorded
-from harness import devices
-from harness.fixtures import save
-from harness.layer import contract_of
+
+from harness.device import devices
+from harness.handed.layer import contract_of
+from harness.recordings.store import save
 from harness.subjects.builtin import BuiltinSubject, batch_tensors, launch
 
 REPO = Path(__file__).resolve().parent.parent

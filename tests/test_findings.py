@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness import findings
-from harness.findings import FindingsError
+from harness.results import findings
+from harness.results.findings import FindingsError
 
 ENTRY = """[[finding]]
 releases = "{releases}"

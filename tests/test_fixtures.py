@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import re
 import dataclasses
+import re
+
 import pytest
 import torch
 
-from harness import fixtures, matrix
+from harness import matrix
 from harness.contract import Contract, ContractError, Dims, views
-from harness.drift import drift
-from harness.fixtures import Recording
+from harness.recordings import store
+from harness.recordings.drift import drift
+from harness.recordings.store import Recording
 
 NHD = Contract.of(("KV", "B", "N", "H", "D"), ("KV", "B", "N", "H", "D"), "vllm 0.20.2 FLASH_ATTN NHD")
 HND = Contract.of(("KV", "B", "N", "H", "D"), ("KV", "B", "H", "N", "D"), "vllm 0.20.2 FLASH_ATTN HND")
@@ -22,40 +24,40 @@ def _rec(*contracts: Contract, release: str = "0.20.2") -> Recording:
 
 def test_round_trip_keeps_contracts_origins_and_observations(tmp_path):
     rec = _rec(NHD, HND)
-    fixtures.save(rec, tmp_path)
-    back = fixtures.load("0.20.2", tmp_path)
+    store.save(rec, tmp_path)
+    back = store.load("0.20.2", tmp_path)
     assert back == rec
     assert [c.origin for c in back.contracts] == [NHD.origin, HND.origin]
     assert back.observations == rec.observations
-    assert fixtures.releases(tmp_path) == ["0.20.2"]
+    assert store.releases(tmp_path) == ["0.20.2"]
 
 
 def test_load_of_an_unrecorded_release_names_it(tmp_path):
     with pytest.raises(ContractError, match=r"no recorded contracts for vllm 0\.99\.0 .*nox -s probe -- 0\.99\.0"):
-        fixtures.load("0.99.0", tmp_path)
+        store.load("0.99.0", tmp_path)
 
 
 def test_load_rejects_a_file_recording_another_release(tmp_path):
-    fixtures.save(_rec(NHD), tmp_path)
+    store.save(_rec(NHD), tmp_path)
     (tmp_path / "0.21.0.json").write_text((tmp_path / "0.20.2.json").read_text())
-    with pytest.raises(fixtures.BadRecording, match="records release '0.20.2', not '0.21.0'"):
-        fixtures.load("0.21.0", tmp_path)
+    with pytest.raises(store.BadRecording, match="records release '0.20.2', not '0.21.0'"):
+        store.load("0.21.0", tmp_path)
 
 
 def test_a_truncated_recording_names_its_file_and_line(tmp_path):
-    fixtures.save(_rec(NHD), tmp_path)
+    store.save(_rec(NHD), tmp_path)
     p = tmp_path / "0.20.2.json"
     p.write_text(p.read_text()[:200])
-    with pytest.raises(fixtures.BadRecording, match=rf"^{re.escape(str(p))}:\d+:\d+: not a recording: invalid JSON"):
-        fixtures.load("0.20.2", tmp_path)
+    with pytest.raises(store.BadRecording, match=rf"^{re.escape(str(p))}:\d+:\d+: not a recording: invalid JSON"):
+        store.load("0.20.2", tmp_path)
 
 
 def test_a_recording_of_an_unknown_layout_names_its_file(tmp_path):
-    fixtures.save(_rec(NHD), tmp_path)
+    store.save(_rec(NHD), tmp_path)
     p = tmp_path / "0.20.2.json"
     p.write_text(p.read_text().replace('"KV"', '"QQ"'))
-    with pytest.raises(fixtures.BadRecording, match=rf"^{re.escape(str(p))}: not a recording: "):
-        fixtures.load("0.20.2", tmp_path)
+    with pytest.raises(store.BadRecording, match=rf"^{re.escape(str(p))}: not a recording: "):
+        store.load("0.20.2", tmp_path)
 
 
 def test_no_drift_between_a_recording_and_itself():
@@ -114,25 +116,25 @@ def test_a_recording_in_an_older_spelling_does_not_drift_from_the_probe_today():
 
 
 def test_table_has_one_row_per_release_backend_dtype_and_family(tmp_path):
-    fixtures.save(_rec(NHD, HND), tmp_path)
+    store.save(_rec(NHD, HND), tmp_path)
     packed = Contract.of(("B", "H", "N", "C"), ("B", "N", "H", "C"), "vllm 0.26.0 FLASH_ATTN NHD")
     nvfp4 = Contract.of(("B", "S", "N", "D"), ("B", "S", "N", "D"), "vllm 0.26.0 FLASHINFER NHD", "nvfp4")
-    fixtures.save(Recording("0.26.0", (packed, nvfp4), {"method": "m"}), tmp_path)
-    fixtures.save(Recording("0.27.1", (packed, nvfp4), {"method": "m"}), tmp_path)
-    rows = fixtures.table(tmp_path).splitlines()
+    store.save(Recording("0.26.0", (packed, nvfp4), {"method": "m"}), tmp_path)
+    store.save(Recording("0.27.1", (packed, nvfp4), {"method": "m"}), tmp_path)
+    rows = store.table(tmp_path).splitlines()
     assert rows[2].startswith("| 0.20.2 | FLASH_ATTN | auto | kv-first | (KV,B,N,H,D) | KV.B.N.H.D KV.B.H.N.D | unbind KV")
     assert rows[3].startswith("| 0.26.0 | FLASH_ATTN | auto | packed | (B,H,N,C) | B.N.H.C | halves of C")
     assert rows[4].startswith("| 0.26.0 | FLASHINFER | nvfp4 | head-slots | (B,S,N,D) | B.S.N.D | halves of S")
     assert [r.rsplit("|", 2)[1].strip() for r in rows[2:]] == ["new", "**changed**", "new", "same", "same"]
     assert len(rows) == 7
-    grid = fixtures.matrix(tmp_path).splitlines()
+    grid = store.matrix(tmp_path).splitlines()
     assert grid[0] == "| releases | FLASH_ATTN<br>auto | FLASHINFER<br>nvfp4 |"
     assert grid[2:] == ["| 0.20.2 | kv-first ×2 | — |", "| 0.26.0 – 0.27.1 | packed ×1 | head-slots ×1 |"]
 
 
 # The committed fixtures themselves.
 
-RECORDED = fixtures.releases()
+RECORDED = store.releases()
 
 
 def test_every_matrix_release_has_a_recording():
@@ -141,7 +143,7 @@ def test_every_matrix_release_has_a_recording():
 
 @pytest.mark.parametrize("release", RECORDED)
 def test_recording_matches_its_matrix_entry_and_instantiates(release):
-    rec = fixtures.load(release)
+    rec = store.load(release)
     assert rec.contracts, release
     assert rec.observations["era"] == matrix.get(release).era
     for c in rec.contracts:
@@ -168,7 +170,7 @@ def _writes(obs):
 
 
 def test_main_recording_says_where_it_came_from():
-    obs = fixtures.load("main").observations
+    obs = store.load("main").observations
     assert obs["copied_from"] == RECORDED[-2] and "nightly index" in obs["note"]
 
 
@@ -224,9 +226,9 @@ def test_a_backend_that_fails_to_import_where_the_recording_had_none_is_named():
 
 
 def test_a_cache_dtype_a_backend_lists_but_kvconform_does_not_model_is_named():
-    rec = fixtures.load("0.25.1")
+    rec = store.load("0.25.1")
     listed = rec.observations["backends"]["TRITON_ATTN"]["supported_kv_cache_dtypes"]
     assert {"int8_per_token_head", "fp8_e5m2", "bfloat16"} <= set(listed)
-    assert fixtures.unmodelled(rec) == {"int4_per_token_head": ["TRITON_ATTN"], "int8_per_token_head": ["TRITON_ATTN"]}
+    assert store.unmodelled(rec) == {"int4_per_token_head": ["TRITON_ATTN"], "int8_per_token_head": ["TRITON_ATTN"]}
     planted = dataclasses.replace(rec, observations={"backends": {"X": {"supported_kv_cache_dtypes": ["fp8", "fp6"]}}})
-    assert fixtures.unmodelled(planted) == {"fp6": ["X"]}
+    assert store.unmodelled(planted) == {"fp6": ["X"]}

@@ -1,4 +1,4 @@
-"""The layer value (harness.layer): what a release hands a layer, read through its recorded API. kvconform's own
+"""The layer value (harness.handed.layer): what a release hands a layer, read through its recorded API. kvconform's own
 reading of it gives back every recorded contract; consumers written as real ones decide (examples/offloader.py) are
 right and wrong exactly where their rules say."""
 
@@ -8,21 +8,23 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from hypothesis import settings
 
-from harness import checks, findings, fixtures, profiles, results
-from harness.run import implementation, loop, releases, session as sessions
+from harness import checks, results
 from harness.contract import ContractError, Dims, views
-from harness.layer import contract_of, in_force, layer_for, setting_of
-from harness.results import Word
+from harness.draws import profiles
+from harness.handed.layer import contract_of, in_force, layer_for, setting_of
+from harness.recordings import store
+from harness.results import Word, findings
+from harness.run import implementation, loop, releases
+from harness.run import session as sessions
 from harness.vllm_api import backend_class
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import offloader  # noqa: E402
 
 profiles.register()
-RELEASES = {name: releases.load_release(name, fixtures.ROOT) for name in fixtures.releases()}
+RELEASES = {name: releases.load_release(name, store.ROOT) for name in store.releases()}
 # Every recorded K/V geometry, once per release, with the setting it was first read under.
 GEOMETRIES = [(r, c) for r in RELEASES.values() for c in dict.fromkeys(c for c in r.contracts if not c.layout.latent)]
 
@@ -155,7 +157,7 @@ def diff_kv_session(tmp_path):
     settings.load_profile("kvconform-ci")
 
     def start(subject):
-        s = sessions.start("offloader:Offloader", ["0.17.1", "0.33.0"], fixtures.ROOT, tmp_path / "results",
+        s = sessions.start("offloader:Offloader", ["0.17.1", "0.33.0"], store.ROOT, tmp_path / "results",
                          tmp_path / "regressions", findings.DIRECTORY, "cpu", "test-main", "",
                          ("FLASH_ATTN_DIFFKV",))
         return dataclasses.replace(s, subject=subject, subject_name=subject.name)

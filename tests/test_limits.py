@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 import recorded
+
 from harness import results
-from harness.fixtures import save
+from harness.recordings.store import save
 from harness.subjects.builtin import BuiltinSubject
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,10 +12,17 @@ if not torch.cuda.is_available():
 from _pytest.mark.expression import Expression  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
-from harness import checks, findings, fixtures, profiles, results  # noqa: E402
+from harness import checks, results  # noqa: E402
 from harness.checks.outcome import Outcome  # noqa: E402
-from harness.results import Word  # noqa: E402
-from harness.run import coverage, implementation, loop, regressions, session as sessions, targets as targeting  # noqa: E402
+from harness.draws import profiles
+from harness.recordings import store
+from harness.results import (
+    Word,  # noqa: E402
+    findings,
+)
+from harness.run import coverage, implementation, loop, regressions  # noqa: E402
+from harness.run import session as sessions
+from harness.run import targets as targeting
 
 profiles.register()
 
@@ -24,7 +31,7 @@ profiles.register()
 def session(tmp_path):
     before = settings.get_current_profile_name()
     settings.load_profile("kvconform-ci")  # derandomised, no example database
-    yield sessions.start("builtin", ["0.25.1"], fixtures.ROOT, tmp_path / "results", tmp_path / "regressions",
+    yield sessions.start("builtin", ["0.25.1"], store.ROOT, tmp_path / "results", tmp_path / "regressions",
                        findings.DIRECTORY, "cpu", "test-main", "--kvconform-release=0.25.1")
     settings.load_profile(before)
 
@@ -68,7 +75,7 @@ def test_the_repro_lines_k_selects_the_replay_item_of_its_release_only(session, 
     with pytest.raises(loop.NewFinding) as e:
         _run(session, differs)
     expression = re.search(r" -k '(.*)'$", str(e.value).splitlines()[-1]).group(1)
-    both = sessions.start("builtin", ["0.24.0", "0.25.1"], fixtures.ROOT, tmp_path / "results2",
+    both = sessions.start("builtin", ["0.24.0", "0.25.1"], store.ROOT, tmp_path / "results2",
                           session.regressions_dir, findings.DIRECTORY, "cpu", "test-main", "")
     stored = regressions.regressions(both, checks.SPLIT_AGREES)
     items = [f"test_split_agrees_regression[{regressions.item_id(r.target, r.digest)}]" for r in stored]
@@ -128,7 +135,7 @@ def test_items_run_regressions_then_cheap_checks_then_the_oracle_then_kernels():
 
 
 def test_the_oracle_targets_are_one_per_sparsity_mode_under_the_newest_release(tmp_path):
-    s = sessions.start("builtin", ["0.33.0", "0.11.2"], fixtures.ROOT, tmp_path, tmp_path, findings.DIRECTORY,
+    s = sessions.start("builtin", ["0.33.0", "0.11.2"], store.ROOT, tmp_path, tmp_path, findings.DIRECTORY,
                      "cpu", "t", "")
     dense = implementation.targets(s, checks.ORACLE)
     assert [(t.release.release, t.geometry, t.mode) for t in dense] == [
@@ -137,15 +144,15 @@ def test_the_oracle_targets_are_one_per_sparsity_mode_under_the_newest_release(t
 
 def test_asking_for_nothing_without_vllm_is_a_usage_error(tmp_path):
     with pytest.raises(ValueError, match="name the release"):
-        sessions.start("builtin", [], fixtures.ROOT, tmp_path, tmp_path, findings.DIRECTORY, "cpu", "t", "")
+        sessions.start("builtin", [], store.ROOT, tmp_path, tmp_path, findings.DIRECTORY, "cpu", "t", "")
 
 
 def test_a_kept_regression_replays_on_each_release_as_that_release_hands_the_cache(tmp_path):
     # Kept from 0.33.0's cache (a KVCacheLayout member in force); 0.26.0 makes the same geometry under its switch.
-    kept = fixtures.ROOT.parent / "regressions" / "example-offloader" / "split-agrees-2ef7fcc97155.json"
+    kept = store.ROOT.parent / "regressions" / "example-offloader" / "split-agrees-2ef7fcc97155.json"
     (tmp_path / "builtin").mkdir()
     (tmp_path / "builtin" / kept.name).write_text(kept.read_text())
-    s = sessions.start("builtin", ["0.26.0", "0.33.0"], fixtures.ROOT, tmp_path / "results", tmp_path,
+    s = sessions.start("builtin", ["0.26.0", "0.33.0"], store.ROOT, tmp_path / "results", tmp_path,
                      findings.DIRECTORY, "cpu", "t", "")
     got = {}
     for reg in regressions.regressions(s, checks.SPLIT_AGREES):
@@ -161,7 +168,7 @@ def test_a_narrower_run_keeps_the_earlier_runs_other_lines_and_says_stale_of_its
     known.mkdir()
 
     def run(name, *which):
-        s = sessions.start("builtin", ["0.25.1"], fixtures.ROOT, tmp_path / "results", tmp_path / "regressions",
+        s = sessions.start("builtin", ["0.25.1"], store.ROOT, tmp_path / "results", tmp_path / "regressions",
                          known, "cpu", f"{name}-main", "", run=name)
         for t in which:
             loop.Loop(s, "pytest suite::check", 1).run(implementation.targets(s)[t], checks.SPLIT_AGREES,
@@ -193,7 +200,7 @@ def test_a_narrower_run_keeps_the_earlier_runs_other_lines_and_says_stale_of_its
 
 
 def test_the_kernel_checks_say_why_they_take_no_diff_kv_cache_naming_the_head_sizes(tmp_path):
-    s = sessions.start("builtin", ["0.17.1"], fixtures.ROOT, tmp_path / "results", tmp_path,
+    s = sessions.start("builtin", ["0.17.1"], store.ROOT, tmp_path / "results", tmp_path,
                      findings.DIRECTORY, "cpu", "t", "")
     diff_kv = list(dict.fromkeys(c.name for c in s.releases[0].contracts if c.diff_kv))
     assert diff_kv and not set(diff_kv) & {t.geometry for t in implementation.targets(s, checks.BIT_IDENTITY)}
@@ -207,7 +214,7 @@ def test_the_kernel_checks_say_why_they_take_no_diff_kv_cache_naming_the_head_si
 
 
 def test_the_header_names_the_cache_dtypes_a_release_lists_that_kvconform_does_not_model(tmp_path):
-    s = sessions.start("builtin", ["0.25.1", "0.19.1"], fixtures.ROOT, tmp_path / "results", tmp_path,
+    s = sessions.start("builtin", ["0.25.1", "0.19.1"], store.ROOT, tmp_path / "results", tmp_path,
                        findings.DIRECTORY, "cpu", "t", "")
     new, old = coverage.coverage(s)[:2]
     assert ("cache dtypes its backends list that kvconform does not model (no contract recorded): "

@@ -1,4 +1,4 @@
-"""The model-transfer check (conformance/test_model_transfer.py over harness.model) can fail, and fails exactly where
+"""The model-transfer check (harness.checks.model_transfer over harness.handed.model) can fail, and fails exactly where
 it should: each connector-side gallery consumer (examples/breakages: lmcache_4701, flat_regions, stated_order) is
 caught exactly where its rule, stated from the allocation record, says, over every recording, its twin nowhere;
 planted faults of each kind (an extract that writes, an inject that writes nothing, one that writes a neighbour, a
@@ -21,19 +21,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import checks, findings, fixtures, model
+from harness import checks
 from harness.checks import model_transfer, transfer
 from harness.contract import views
+from harness.handed import model
 from harness.matrix import version_key
 from harness.probe.observe import MODEL_DTYPE
-from harness.run import implementation, loop, session as sessions
+from harness.recordings import store
+from harness.results import findings
+from harness.run import implementation, loop
+from harness.run import session as sessions
 from harness.run.regressions import Regression
 from harness.run.releases import load_release
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))
-from breakages import flat_regions, lmcache_4701, stated_order  # noqa: E402
 from block_mover import BlockMover  # noqa: E402
+from breakages import flat_regions, lmcache_4701, stated_order  # noqa: E402
 
 SEEDS = (0, 1, 5)  # every manager block moved, then two subsets
 
@@ -75,7 +79,7 @@ TWINS = (BlockMover, lmcache_4701.KernelBlocksOfManagerBlock, stated_order.Tenso
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("connector")
-    return sessions.start("block_mover:BlockMover", ["recorded"], fixtures.ROOT, tmp / "results", tmp / "regressions",
+    return sessions.start("block_mover:BlockMover", ["recorded"], store.ROOT, tmp / "results", tmp / "regressions",
                           findings.DIRECTORY, "cpu", "test", "")
 
 
@@ -219,7 +223,7 @@ def test_unsupported_layers_are_unsupported_never_a_pass(session):
 
 
 def test_the_layer_value_says_both_block_sizes():
-    r = load_release("0.33.0", fixtures.ROOT)
+    r = load_release("0.33.0", store.ROOT)
     taken, _ = model_transfer.models_of(r)
     split = next(m for m in taken if m.name == "kernel-split")
     layer = split.handed[0].layer

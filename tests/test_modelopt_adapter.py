@@ -27,21 +27,25 @@ from unittest import mock  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from harness import fixtures, reference  # noqa: E402
-from harness.cache import paging, write  # noqa: E402
-from harness.cases import Case, Sparsity  # noqa: E402
-from harness.compare import assert_bit_identical, diagnose  # noqa: E402
+from harness.compare import (  # noqa: E402
+    assert_bit_identical,
+    diagnose,
+    reference,  # noqa: E402
+)
 from harness.contract import Contract, ContractError, Dims, families, views  # noqa: E402
-from harness.layer import in_force, layer_for  # noqa: E402
-from harness.fixtures import Recording  # noqa: E402
+from harness.draws.cases import Case, Sparsity  # noqa: E402
+from harness.handed.cache import paging, write  # noqa: E402
+from harness.handed.layer import in_force, layer_for  # noqa: E402
+from harness.recordings import store
+from harness.recordings.store import Recording  # noqa: E402
 from harness.subjects import SparsitySemantics, TileConfig, capabilities_of, semantics_of  # noqa: E402
+from harness.vllm_api import backend_class  # noqa: E402
 from kvconform.subjects.modelopt import (  # noqa: E402
     ModeloptSubject,
     ModeloptUnavailable,
     VllmRelease,
     split_mismatch,
 )
-from harness.vllm_api import backend_class  # noqa: E402
 
 try:  # through the subject, so that KVCONFORM_MODELOPT (a version or a source tree) selects what is tested
     VERSION = ModeloptSubject().version
@@ -50,23 +54,24 @@ except ModeloptUnavailable as unavailable:
 
 ROOT = Path(__file__).resolve().parent.parent
 from harness.checks import oracle as oracle_check  # noqa: E402
+
 # The recorded releases on either side of FlashAttentionBackend.get_kv_cache_shape's removal, replayed through
 # harness.vllm_api's stand-ins (the newest release of the shape era, the first of the KVCacheLayout era).
-_with_api = [r for r in fixtures.releases() if fixtures.load(r).api is not None]
-_shape = [r for r in _with_api if "get_kv_cache_shape" in VllmRelease.from_recording(fixtures.load(r)).backend_methods]
+_with_api = [r for r in store.releases() if store.load(r).api is not None]
+_shape = [r for r in _with_api if "get_kv_cache_shape" in VllmRelease.from_recording(store.load(r)).backend_methods]
 _enum = [r for r in _with_api if r not in _shape and r != "main"]
 if not _shape or not _enum:
     pytest.skip(f"the recordings with the layout API ({_with_api}) span no shape-era and enum-era release",
                 allow_module_level=True)
-SHAPE_ERA = VllmRelease.from_recording(fixtures.load(_shape[-1]))  # get_kv_cache_shape + stride order
-ENUM_ERA = VllmRelease.from_recording(fixtures.load(_enum[0]))  # KVCacheLayout, no shape method
+SHAPE_ERA = VllmRelease.from_recording(store.load(_shape[-1]))  # get_kv_cache_shape + stride order
+ENUM_ERA = VllmRelease.from_recording(store.load(_enum[0]))  # KVCacheLayout, no shape method
 
 
 def _release_for(contract: Contract) -> VllmRelease:
     """The newest recorded shape-era release whose FlashAttentionBackend answers `contract`'s family: its stand-in
     answers that release's own shape, so a contract of another family would be (rightly) mis-split."""
     for r in reversed(_shape):
-        rec = fixtures.load(r)
+        rec = store.load(r)
         if any(c.layout.logical == contract.layout.logical for c in rec.contracts
                if c.origin.backend_name == "FLASH_ATTN"):
             return VllmRelease.from_recording(rec)
@@ -75,7 +80,7 @@ def _release_for(contract: Contract) -> VllmRelease:
 FAMILY = {"kv-first": "0.22.1", "blocks-first": "0.25.1", "packed": _shape[-1]}  # a shape-era release per family
 # Every geometry those releases hand FlashAttention (the plugin's backend): both stride orders, cross-layer too.
 CONTRACTS = [c for r in FAMILY.values() for c in dict.fromkeys(
-    c for c in fixtures.load(r).contracts if c.origin.backend_name == "FLASH_ATTN" and c.cache_dtype == "auto")]
+    c for c in store.load(r).contracts if c.origin.backend_name == "FLASH_ATTN" and c.cache_dtype == "auto")]
 ENUM_CONTRACTS = [c for c in dict.fromkeys(ENUM_ERA.recording.contracts)
                   if c.origin.backend_name == "FLASH_ATTN" and c.cache_dtype == "auto"]
 
@@ -155,7 +160,7 @@ def test_the_plugin_rejects_a_layout_it_does_not_know() -> None:
 
 @pytest.mark.parametrize("release", _with_api)
 def test_an_unbound_subject_replays_the_layers_release(release: str) -> None:
-    rec = fixtures.load(release)
+    rec = store.load(release)
     expected = VllmRelease.from_recording(rec)
     served = [c for c in rec.contracts if c.origin.backend_name == "FLASH_ATTN" and c.cache_dtype == "auto"]
     assert served
@@ -266,6 +271,7 @@ def test_a_replayed_split_leaves_no_stand_in_behind() -> None:
 # --- what modelopt itself refuses, and its FlashInfer adapter ----------------------------------------------------
 
 import modelopt.torch.sparsity.attention_sparsity.plugins.vllm as _plugin  # noqa: E402
+
 from kvconform.subjects import modelopt as adapter  # noqa: E402
 
 INSTALLER = importlib.util.find_spec(adapter.RUNTIME)
@@ -284,7 +290,7 @@ def test_each_refusal_cites_a_line_of_the_installed_modelopt_that_makes_it() -> 
 
 
 def _layer_of(recorded: str, **change):
-    rec = fixtures.load(recorded)
+    rec = store.load(recorded)
     c = next(c for c in rec.contracts if c.origin.backend_name == "FLASH_ATTN" and c.cache_dtype == "auto")
     layer = layer_for(c, Dims(3, 16, 2, 64), torch.float16, backend_class(rec, "FLASH_ATTN"), recorded, rec)
     return dataclasses.replace(layer, **change)
@@ -312,7 +318,7 @@ def test_without_the_installer_modelopt_refuses_no_layer() -> None:
 
 
 def _flashinfer(release: str, cache_dtype: str = "auto") -> list[Contract]:
-    return [c for c in dict.fromkeys(fixtures.load(release).contracts)
+    return [c for c in dict.fromkeys(store.load(release).contracts)
             if c.origin.backend_name == "FLASHINFER" and c.cache_dtype == cache_dtype]
 
 
@@ -320,7 +326,7 @@ def _flashinfer(release: str, cache_dtype: str = "auto") -> list[Contract]:
 @pytest.mark.parametrize("cache_dtype", ["auto", "nvfp4"])
 def test_the_flashinfer_adapter_takes_a_blocks_first_cache_as_it_is(cache_dtype: str) -> None:
     assert "FLASHINFER" in ModeloptSubject().backends
-    rec = fixtures.load("0.25.1")
+    rec = store.load("0.25.1")
     for contract in _flashinfer("0.25.1", cache_dtype):
         dims = Dims(3, 16, 2, 32)
         kv = views.allocate(contract, dims, torch.float16)
@@ -332,7 +338,7 @@ def test_the_flashinfer_adapter_takes_a_blocks_first_cache_as_it_is(cache_dtype:
 
 @pytest.mark.skipif(not hasattr(_plugin, adapter.FLASHINFER), reason=f"nvidia-modelopt {VERSION} has no FlashInfer path")
 def test_the_flashinfer_adapter_refuses_a_four_axis_cache_in_its_own_words() -> None:
-    rec = fixtures.load("0.28.0")
+    rec = store.load("0.28.0")
     contract = _flashinfer("0.28.0", "nvfp4")[0]
     dims = Dims(3, 16, 2, 32)
     layer = layer_for(contract, dims, torch.float16, backend_class(rec, "FLASHINFER"), "0.28.0", rec)
@@ -517,15 +523,16 @@ def test_autotune_is_declared_only_where_the_autotuner_can_time_its_candidates()
 
 FIRST_CALL_IN_A_REPLAYED_LAYER = """
 import torch
-from harness import contract, fixtures
+from harness import contract
+from harness.recordings import store
 from harness.contract import views
 from harness.run import releases, session as sessions
-from harness.layer import in_force
+from harness.handed.layer import in_force
 from kvconform.subjects.modelopt import ModeloptSubject
 
 subject = ModeloptSubject()  # modelopt is first imported inside the calls below, under their releases' stand-ins
 for release in ("0.25.1", "0.29.0"):
-    r = releases.load_release(release, fixtures.ROOT)
+    r = releases.load_release(release, store.ROOT)
     c = next(c for c in r.contracts if c.origin.backend_name == "FLASH_ATTN" and c.cache_dtype == "auto")
     dims = contract.Dims(3, 16, 2, 32, 3 if c.layout.shared else 1, 1 if c.layout.shared else 0)
     layer = sessions.layer_of(r, c, dims, torch.float16)

@@ -1,4 +1,5 @@
-"""The oracle's decision envelope (harness.reference.envelope) and the oracle check (conformance/test_oracle.py).
+"""The oracle's decision envelope (harness.compare.reference.envelope) and the oracle check
+(conformance/test_oracle.py).
 
 Soundness is tested against an emulated kernel written the slow, obvious way: per unit, tile by tile, a running max
 over the kept tiles, decisions taken on scores moved by up to the stated error bound e_j (or forced the other way at
@@ -21,9 +22,9 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from harness import reference  # noqa: E402
-from harness.cases import Case, Sparsity  # noqa: E402
-from harness.strategies import Example  # noqa: E402
+from harness.compare import reference  # noqa: E402
+from harness.draws.cases import Case, Sparsity  # noqa: E402
+from harness.draws.strategies import Example  # noqa: E402
 from harness.subjects import SparsitySemantics, TileConfig, semantics_of  # noqa: E402
 from harness.subjects.builtin import PREFILL, BuiltinSubject  # noqa: E402
 from kvconform.subjects import load_subject  # noqa: E402
@@ -335,9 +336,9 @@ def test_query_tile_decisions_need_the_tile_config():
 
 
 def test_repro_regressions_are_kept_for_cuda():
-    from harness import fixtures
+    from harness.recordings import store
 
-    contract = fixtures.load("0.33.0").contracts[0]
+    contract = store.load("0.33.0").contracts[0]
     kept = sorted((ROOT / "fixtures" / "regressions" / "builtin").glob("oracle-*.json"))
     bodies = [json.loads(p.read_text()) for p in kept]
     cases = {Example.from_json(json.dumps(b["example"])).case: b for b in bodies}

@@ -12,12 +12,13 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from harness import findings, performance, timings  # noqa: E402
-from harness.cases import Case  # noqa: E402
-from harness.findings import FindingsError, KnownPerformance, SlowFinding  # noqa: E402
+from harness import performance  # noqa: E402
+from harness.draws.cases import Case  # noqa: E402
+from harness.results import findings, timings
+from harness.results.findings import FindingsError, KnownPerformance, SlowFinding  # noqa: E402
+from harness.results.timings import NOT_TIMED, SLOWER, STALE, WITHIN, Timing  # noqa: E402
 from harness.run.releases import load_release  # noqa: E402
 from harness.subjects.builtin import BuiltinSubject  # noqa: E402
-from harness.timings import NOT_TIMED, SLOWER, STALE, WITHIN, Timing  # noqa: E402
 from kvconform import bench  # noqa: E402
 from kvconform.subjects import load_subject  # noqa: E402
 from kvconform.subjects.mutants import mutant_subject  # noqa: E402

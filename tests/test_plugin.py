@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import devices, fixtures
+from harness.device import devices
+from harness.recordings import store
 
 pytest_plugins = ["pytester"]
 
@@ -16,8 +17,8 @@ HOST_SUBJECT = '''
 """A host project's subject: plain torch attention over the K/V its split hands it (no Triton, so quick on a CPU)."""
 import torch
 
-from harness.cache import read
-from harness.layer import kv_views
+from harness.handed.cache import read
+from harness.handed.layer import kv_views
 from harness.subjects import TileConfig
 
 
@@ -102,7 +103,7 @@ def test_a_correct_subject_passes_on_every_family(host):
     # Each line names the vLLM build its recording was probed from (the version alone where the recording kept no
     # more), as the recording itself says.
     for r in FAMILIES:
-        seen = fixtures.load(r).observations
+        seen = store.load(r).observations
         want = seen.get("build") or {"version": seen["installed"], "commit": "", "wheel": "", "index": ""}
         assert {json.dumps(x["build"], sort_keys=True) for x in lines if x["release"] == r} == {
             json.dumps(want, sort_keys=True)}, r
@@ -156,7 +157,8 @@ def test_kvconform_registered_nothing(request):
             settings.get_profile(name)
     with pytest.raises(pytest.FixtureLookupError):
         request.getfixturevalue("conformance")
-    assert [m for m in sys.modules if m.startswith("harness.")] == ["harness.limits"]  # the options' defaults
+    # The options' defaults: the limits module and the package it lies in.
+    assert [m for m in sys.modules if m.startswith("harness.")] == ["harness.device", "harness.device.limits"]
     assert {k: v for k, v in os.environ.items() if k.startswith("TRITON")} == TRITON_BEFORE
 """
 
@@ -321,7 +323,7 @@ def test_workers_get_their_share_of_the_cpus_for_numpys_blas(host, monkeypatch, 
 def test_on_gpus_no_n_means_workers_per_gpu_and_xdist_starts_them(host, args, want):
     # The worker count must be set before xdist's own pytest_cmdline_main turns -n into its worker list, also when
     # kvconform is loaded before xdist (`-p kvconform`, as this repository's pyproject does).
-    host.makeconftest("import harness.devices, torch\nharness.devices.gpus = lambda: 2  # a two-GPU host\n"
+    host.makeconftest("import harness.device.devices, torch\nharness.device.devices.gpus = lambda: 2  # two GPUs\n"
                       "torch.cuda.set_device = lambda device: None\n")
     host.makepyfile(reports_xdist=REPORTS_XDIST)
     done = host.runpytest_subprocess("-p", "kvconform", "-p", "reports_xdist", "--pyargs", "kvconform.suites",
@@ -333,7 +335,7 @@ def test_on_gpus_no_n_means_workers_per_gpu_and_xdist_starts_them(host, args, wa
 OWN_SUBJECTS = '''
 """A host project's connector (the example block mover), a reader that raises and one that reads nothing."""
 from block_mover import BlockMover
-from harness.layer import kv_views
+from harness.handed.layer import kv_views
 
 
 class Connector(BlockMover):

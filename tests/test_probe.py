@@ -343,9 +343,9 @@ def _not_found(name):
 
 def test_a_backend_module_that_fails_to_import_is_recorded_unreadable_and_named_by_the_drift_check(
         monkeypatch, tmp_path):
-    from harness import drift, fixtures
     from harness.backends import BACKENDS
     from harness.probe import era_write
+    from harness.recordings import drift, store
 
     (tmp_path / "flashinfer.py").write_text("import kvconform_no_such_dependency\n")
     (tmp_path / "triton_attn.py").write_text("from vllm.v1.attention.backends import no_such_name\n")
@@ -368,16 +368,16 @@ def test_a_backend_module_that_fails_to_import_is_recorded_unreadable_and_named_
 
     fi = Contract.of(BLOCKS_FIRST, BLOCKS_FIRST, "vllm 0.26.0 FLASHINFER VLLM_KV_CACHE_LAYOUT=NHD")
     read = {"present": True, "read": True}
-    recorded = fixtures.Recording("0.26.0", (fi,), {"backends": {"FLASHINFER": read, "TRITON_ATTN": read}})
-    lines = drift.drift(recorded, fixtures.Recording("0.26.0", (), {"backends": observed}))
+    recorded = store.Recording("0.26.0", (fi,), {"backends": {"FLASHINFER": read, "TRITON_ATTN": read}})
+    lines = drift.drift(recorded, store.Recording("0.26.0", (), {"backends": observed}))
     assert lines == [f"backend FLASHINFER could not be imported or read: {observed['FLASHINFER']['why']}; the "
                      "recording read 1 contract from it",
                      f"backend TRITON_ATTN could not be imported or read: {observed['TRITON_ATTN']['why']}"]
 
 
 def test_the_probe_records_the_layout_api_and_its_stand_in_answers_like_the_release(monkeypatch):
-    from harness import drift
     from harness.backends import layout_env
+    from harness.recordings import drift
     from harness.vllm_api.standins import StandIns
     from harness.vllm_api.surface import Api
 

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from harness.cases import Case, Sparsity
-from harness.reference import attention, nm_keep, score_error, skip_tiles
+from harness.compare.reference import attention, nm_keep, score_error, skip_tiles
+from harness.draws.cases import Case, Sparsity
 from harness.subjects import SparsitySemantics
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness import report, results
-from harness.build import PYPI, Build
+from harness.matrix.build import PYPI, Build
 from harness.report import cells, sections
 from harness.report.__main__ import main
 from harness.report.fold import report_data, span

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from harness import results
-from harness.build import PYPI, Build
+from harness.matrix.build import PYPI, Build
 from harness.report import history
 from harness.report.__main__ import main
 from harness.results import Result

@@ -1,5 +1,5 @@
-"""The report shows the performance lane's lines (harness.timings) beside the conformance cells: a paged / dense column
-in each benched subject's release x check matrix (the worst ratio and its mark; bold / red with a new performance
+"""The report shows the performance lane's lines (harness.results.timings) beside the conformance cells: a paged / dense
+column in each benched subject's release x check matrix (the worst ratio and its mark; bold / red with a new performance
 finding), a Performance section (one row per release, workload and tile, the new findings first, the stale known ones
 apart) and a line under the verdict; the verdict itself never changes. A subject or release only benched has its
 matrix too, and performance lines alone are a report whose verdict says no conformance ran. Every report here is built
@@ -11,13 +11,14 @@ import xml.etree.ElementTree as ET
 import pytest
 from test_report import add, matrix_rows, merged
 
-from harness import results, timings
+from harness import results
 from harness.report import cells, sections
 from harness.report.__main__ import main
 from harness.report.fold import report_data
 from harness.report.html import report_html
 from harness.report.markdown import report_md
-from harness.timings import Timing
+from harness.results import timings
+from harness.results.timings import Timing
 
 
 def bench(release, geometry, workload, outcome, ratio=0.0, known="", tile="autotuned", band=0.02, subject="builtin",

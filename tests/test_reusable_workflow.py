@@ -1,5 +1,5 @@
 """The reusable workflow a consumer repository calls (.github/workflows/kvconform.yml): it and a README-style caller
-pass actionlint and broken copies fail it; its step commands (harness.workflow, harness.matrix --requirements) do
+pass actionlint and broken copies fail it; its step commands (harness.matrix.workflow, harness.matrix --requirements) do
 what the workflow relies on, over report.json files `python -m harness.report` wrote, with a stand-in `gh` that
 records each call; and broken copies of those commands fail the same checks."""
 
@@ -16,7 +16,8 @@ import pytest
 import yaml
 from test_workflow import lint, lint_broken
 
-from harness import matrix, results, workflow
+from harness import matrix, results
+from harness.matrix import workflow
 from harness.results import Result
 
 REPO = Path(__file__).resolve().parent.parent
@@ -259,7 +260,7 @@ def test_the_install_step_installs_the_release_with_its_pins_kvconform_and_the_p
         ["uv", "venv", "--python", str(bin_dir / "python"), str(venv)],
         ["uv", "pip", "install", "--python", f"{venv}/bin/python", *installed]]
     assert (tmp_path / "path").read_text() == f"{venv}/bin\n"  # the later steps' python is the venv's
-    # The later steps' result lines name the index their vLLM came from (harness.build).
+    # The later steps' result lines name the index their vLLM came from (harness.matrix.build).
     assert (tmp_path / "env").read_text() == f"KVCONFORM_VLLM_INDEX={index}\n"
 
 
@@ -381,10 +382,11 @@ def reports(tmp_path_factory) -> dict[str, Path]:
 
 
 def command(breakage: str) -> list[str]:
-    """`python -m harness.workflow`, or the same with `breakage` (a statement over the module, `w`) done first."""
+    """`python -m harness.matrix.workflow`, or the same with `breakage` (a statement over the module, `w`) done
+    first."""
     if not breakage:
-        return [sys.executable, "-m", "harness.workflow"]
-    body = f"import sys\nimport harness.workflow as w\n{breakage}\nsys.exit(w.main(sys.argv[1:]))"
+        return [sys.executable, "-m", "harness.matrix.workflow"]
+    body = f"import sys\nimport harness.matrix.workflow as w\n{breakage}\nsys.exit(w.main(sys.argv[1:]))"
     return [sys.executable, "-c", body]
 
 

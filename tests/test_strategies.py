@@ -11,14 +11,29 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from harness import checks, fixtures
+from harness import checks
 from harness.checks import transfer
+from harness.contract import Contract, cross_layer, families, views
+from harness.draws.cases import SPARSITY_MODES
+from harness.draws.strategies import (
+    AMBIGUOUS_KV_HEADS,
+    CPU,
+    GPU,
+    Example,
+    ambiguous,
+    block_sizes,
+    cases,
+    examples,
+    kv_lengths,
+    num_blocks,
+    oracle_cases,
+    placements,
+    sequence_mixes,
+    within,
+)
+from harness.recordings import store
 from harness.run import implementation
 from harness.run.targets import Target
-from harness.cases import SPARSITY_MODES
-from harness.contract import Contract, cross_layer, families, views
-from harness.strategies import (AMBIGUOUS_KV_HEADS, CPU, GPU, Example, ambiguous, block_sizes, cases,
-                                examples, kv_lengths, num_blocks, oracle_cases, placements, sequence_mixes, within)
 
 CONTRACTS = families() + [cross_layer(c, outer) for c in families()[:2] for outer in (True, False)]
 DIFF_KV = [Contract.of(("B", "N", "H", "C"), ("B", "H", "N", "C"), diff_kv=True),
@@ -162,8 +177,8 @@ def test_strategies_compose():
 
 def _recorded_geometries():
     """Every recorded K/V contract of every release, once per release (a target of it)."""
-    return [c for release in fixtures.releases()
-            for c in dict.fromkeys(c for c in fixtures.load(release).contracts if not c.layout.latent)]
+    return [c for release in store.releases()
+            for c in dict.fromkeys(c for c in store.load(release).contracts if not c.layout.latent)]
 
 
 def test_the_checks_that_hand_a_subject_a_cache_declare_the_ambiguous_examples():
@@ -287,7 +302,7 @@ def test_a_v_head_dim_on_a_contract_of_one_head_dim_is_refused_by_name():
 
 def test_every_stored_regression_replays_with_its_digest_and_case():
     # A REPRO line's `-k <digest>` names the stored file: the example read back must have that digest.
-    stored = sorted((fixtures.ROOT.parent / "regressions").glob("*/*.json"))
+    stored = sorted((store.ROOT.parent / "regressions").glob("*/*.json"))
     assert len(stored) > 20 and any(json.loads(p.read_text())["example"]["contract"].get("diff_kv") for p in stored)
     for path in stored:
         body = json.loads(path.read_text())
@@ -317,7 +332,7 @@ def test_an_example_holds_its_own_targets_contract_after_an_equal_one_of_another
 def test_placements_shrink_to_what_the_views_see_of_the_example_that_examples_shrinks_to(wrong):
     """The cache and layer (dims, dtype) are the same; the batch is not (examples' minimal batch is what it takes to
     need that many pages, the views' is one token)."""
-    c = next(c for c in fixtures.load("0.22.1").contracts if not c.layout.shared and not c.layout.latent)
+    c = next(c for c in store.load("0.22.1").contracts if not c.layout.shared and not c.layout.latent)
     found = [hypothesis.find(s, wrong, settings=settings(database=None, max_examples=2000, derandomize=True))
              for s in (examples([c], CPU), placements([c], CPU))]
     assert [(ex.contract, ex.dims, ex.case.dtype) for ex in found] == [(found[0].contract, found[0].dims,
@@ -325,7 +340,7 @@ def test_placements_shrink_to_what_the_views_see_of_the_example_that_examples_sh
 
 
 def test_placements_reach_every_page_count_and_size_examples_reaches():
-    c = next(c for c in fixtures.load("0.29.0").contracts if c.layout.shared and not c.layout.latent)
+    c = next(c for c in store.load("0.29.0").contracts if c.layout.shared and not c.layout.latent)
     seen: dict[str, set] = {"old": set(), "new": set()}
     for name, s in (("old", examples([c], CPU)), ("new", placements([c], CPU))):
         @hypothesis.seed(1)

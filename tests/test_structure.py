@@ -4,6 +4,8 @@ module runs the `__init__` of each package above it that the importer is not ins
 import of those packages too."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,3 +170,83 @@ def test_a_lazy_import_that_climbs_back_through_a_package_init_is_a_climb(tmp_pa
     graph = _graph(_modules(tmp_path))
     assert graph["harness.f"] == (set(), {"harness.v.s", "harness.v"})
     assert _climbs(graph) == ["harness.f imports harness.v inside a function, and harness.v imports harness.f"]
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+HEAVY = ("torch", "hypothesis", "triton", "numpy")
+
+
+def _wings() -> dict[str, str]:
+    """docs/architecture.md's wing table: each wing (a package's folder, or a module) and what its modules need."""
+    table = ARCHITECTURE.read_text().split("\n## Wings\n", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()
+            if line.startswith("| `")]
+    return {cells[0].strip("`"): cells[1] for cells in rows}
+
+
+def _light(wing: str, needs: str) -> list[str]:
+    """The modules of `wing` that its row says need none of torch, hypothesis and Triton: every one (`none`), the
+    ones it names (`none (`a`, `b`), torch`), or the module itself (`none at its top`)."""
+    if not needs.startswith("none"):
+        return []
+    named = needs.split("(", 1)[1].split(")", 1)[0] if needs.startswith("none (") else ""
+    folder = ROOT / wing
+    if not folder.is_dir():
+        return [wing.removesuffix(".py").replace("/", ".").removesuffix(".__init__")]
+    package = wing.strip("/").replace("/", ".")
+    stems = [n.strip(" `") for n in named.split(",")] if named else [
+        p.stem for p in sorted(folder.glob("*.py")) if p.stem != "__main__"]
+    return [package if s == "__init__" else f"{package}.{s}" for s in stems]
+
+
+def test_the_architecture_has_one_row_per_wing():
+    harness = ROOT / "harness"
+    wings = {f"harness/{p.name}/" for p in harness.iterdir() if (p / "__init__.py").is_file()}
+    wings |= {f"harness/{p.name}" for p in harness.glob("*.py") if p.name != "__init__.py"}
+    assert wings <= set(_wings()), sorted(wings - set(_wings()))
+
+
+def test_what_the_architecture_says_needs_none_of_torch_imports_without_it():
+    light = [m for wing, needs in _wings().items() for m in _light(wing, needs)]
+    assert {"harness.results", "harness.matrix.workflow", "harness.recordings.api_history", "harness.checks",
+            "harness.device.limits", "kvconform"} <= set(light), light
+    blocked = "; ".join(f"sys.modules[{m!r}] = None" for m in HEAVY)
+    code = f"import importlib, sys; {blocked}\nfor m in {light!r}:\n    importlib.import_module(m)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_light_module_that_imports_torch_is_seen(tmp_path):
+    (tmp_path / "heavy.py").write_text("import torch\n")
+    blocked = "; ".join(f"sys.modules[{m!r}] = None" for m in HEAVY)
+    done = subprocess.run([sys.executable, "-c", f"import sys; {blocked}; import heavy"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and "torch" in done.stderr
+
+
+def test_each_class_name_is_defined_once():
+    defined: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                defined.setdefault(node.name, []).append(name)
+    assert {c: where for c, where in defined.items() if len(where) > 1} == {}
+
+
+def _ignored_sources(root) -> list[str]:
+    """The source files under the library, the plugin and the suites that git ignores: a clone would lack them."""
+    listed = subprocess.run(["git", "ls-files", "-oi", "--exclude-standard", "--", "harness", "kvconform",
+                             "conformance"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    return [p for p in listed if p.endswith(".py")]
+
+
+def test_no_source_file_of_the_library_is_ignored_by_git():
+    assert _ignored_sources(ROOT) == []
+
+
+def test_an_ignored_source_file_is_seen(tmp_path):
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / ".gitignore").write_text("results/\n")
+    (tmp_path / "harness" / "results").mkdir(parents=True)
+    (tmp_path / "harness" / "results" / "__main__.py").write_text("")
+    assert _ignored_sources(tmp_path) == ["harness/results/__main__.py"]

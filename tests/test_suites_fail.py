@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import recorded
 import torch
 
-import recorded
 from harness.contract import families
-from harness.fixtures import save
-from harness.layer import contract_of
-from harness.strategies import CPU, ambiguous
+from harness.draws.strategies import CPU, ambiguous
+from harness.handed.layer import contract_of
+from harness.recordings.store import save
 from harness.subjects.builtin import BuiltinSubject
 
 REPO = Path(__file__).resolve().parent.parent

@@ -17,11 +17,17 @@ if not torch.cuda.is_available():
 
 from hypothesis import settings  # noqa: E402
 
-from harness import checks, contract, findings, fixtures, profiles, strategies  # noqa: E402
+from harness import checks, contract  # noqa: E402
 from harness.checks import transfer  # noqa: E402
-from harness.run import implementation, loop, session as sessions, trial  # noqa: E402
-from harness.layer import kv_views  # noqa: E402
-from harness.results import Word  # noqa: E402
+from harness.draws import profiles, strategies
+from harness.handed.layer import kv_views  # noqa: E402
+from harness.recordings import store
+from harness.results import (
+    Word,  # noqa: E402
+    findings,
+)
+from harness.run import implementation, loop, trial  # noqa: E402
+from harness.run import session as sessions
 
 pytest_plugins = ["pytester"]
 profiles.register()
@@ -81,7 +87,7 @@ def session(tmp_path):
 
     def start(subject):
         s = sessions.start(subject if isinstance(subject, str) else "offloader:Offloader", list(FAMILIES),
-                         fixtures.ROOT, tmp_path / "results", tmp_path / "regressions",
+                         store.ROOT, tmp_path / "results", tmp_path / "regressions",
                          findings.DIRECTORY, "cpu", "test-main", "", ("FLASH_ATTN",), ("auto",))
         return s if isinstance(subject, str) else dataclasses.replace(s, subject=subject, subject_name=subject.name)
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.cache import read
 from harness.checks import ulp_autotuned as ulp_check
-from harness.cases import Case
+from harness.draws.cases import Case
+from harness.handed.cache import read
 from harness.subjects.builtin import BuiltinSubject
 from kvconform.subjects.modelopt import ModeloptSubject
 

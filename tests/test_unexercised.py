@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import recorded
-from harness import findings, results
+
+from harness import results
 from harness.contract import Contract
-from harness.fixtures import save
-from harness.layer import kv_views
-from harness.results import STALE, UNEXERCISED, Word
+from harness.handed.layer import kv_views
+from harness.recordings.store import save
+from harness.results import STALE, UNEXERCISED, Word, findings
 from harness.run.releases import ReleaseContracts
 from harness.run.sink import Sink
 

@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from harness import fixtures
-from harness.drift import drift
 from harness.backends import LAYOUT_ENV, LAYOUT_VALUES
 from harness.contract import ContractError
+from harness.recordings import store
+from harness.recordings.drift import drift
 from harness.vllm_api import ApiError, CannotAnswer, ReplayError, api_of, backend_class, replaying, stand_ins
 from harness.vllm_api.standins import parse_signature
 from harness.vllm_api.surface import encode, surface_diff
@@ -24,8 +24,8 @@ from harness.vllm_api.surface import encode, surface_diff
 if importlib.util.find_spec("vllm") is not None:
     pytest.skip("a real vLLM is installed: these are replay tests", allow_module_level=True)
 
-RECORDED = [r for r in fixtures.releases() if fixtures.load(r).api is not None]
-OLD = [r for r in fixtures.releases() if fixtures.load(r).api is None]
+RECORDED = [r for r in store.releases() if store.load(r).api is not None]
+OLD = [r for r in store.releases() if store.load(r).api is None]
 
 
 def _said(fn):
@@ -58,7 +58,7 @@ def test_the_recordings_hold_the_api() -> None:
 
 @pytest.mark.parametrize("release", RECORDED)
 def test_stand_ins_reproduce_every_recorded_answer(release: str, monkeypatch) -> None:
-    rec = fixtures.load(release)
+    rec = store.load(release)
     api = api_of(rec)
     asked = 0
     for name, b in api.backends.items():
@@ -83,7 +83,7 @@ def test_stand_ins_reproduce_every_recorded_answer(release: str, monkeypatch) ->
 
 @pytest.mark.parametrize("release", RECORDED)
 def test_stand_ins_have_exactly_the_recorded_members_and_signatures(release: str) -> None:
-    api = api_of(fixtures.load(release))
+    api = api_of(store.load(release))
     for name, b in api.backends.items():
         cls = backend_class(release, name)
         assert cls.__name__ == b.cls and cls.__module__ == b.module
@@ -98,15 +98,15 @@ def test_stand_ins_have_exactly_the_recorded_members_and_signatures(release: str
 
 
 def test_flash_attention_loses_get_kv_cache_shape_where_the_release_did() -> None:
-    had = {r: "get_kv_cache_shape" in api_of(fixtures.load(r)).backend("FLASH_ATTN").members for r in RECORDED}
+    had = {r: "get_kv_cache_shape" in api_of(store.load(r)).backend("FLASH_ATTN").members for r in RECORDED}
     for r, has in had.items():
         assert hasattr(backend_class(r, "FLASH_ATTN"), "get_kv_cache_shape") == has
-    era = {r: fixtures.load(r).observations.get("era") for r in RECORDED}
+    era = {r: store.load(r).observations.get("era") for r in RECORDED}
     assert all(has == (era[r] != "era_enum") for r, has in had.items()), had
 
 
 def test_shapes_are_computed_for_sizes_no_recording_used() -> None:
-    rec = next(fixtures.load(r) for r in RECORDED if r == "0.25.1") if "0.25.1" in RECORDED else None
+    rec = next(store.load(r) for r in RECORDED if r == "0.25.1") if "0.25.1" in RECORDED else None
     if rec is None:
         pytest.skip("0.25.1 is not re-recorded")
     fa = backend_class(rec, "FLASH_ATTN")
@@ -120,7 +120,7 @@ def test_shapes_are_computed_for_sizes_no_recording_used() -> None:
 
 
 def test_a_planted_wrong_answer_is_drift() -> None:
-    rec = fixtures.load(RECORDED[-1])
+    rec = store.load(RECORDED[-1])
     wrong = copy.deepcopy(rec.api)
     b = next(b for b in wrong["backends"].values() if b.get("answers"))
     a = next(a for a in b["answers"] if "result" in a)
@@ -135,17 +135,17 @@ def test_a_planted_wrong_answer_is_drift() -> None:
 
 
 def test_an_old_recording_has_no_stand_ins_and_says_how_to_re_record(tmp_path) -> None:
-    rec = fixtures.load(RECORDED[0])
+    rec = store.load(RECORDED[0])
     old = dataclasses.replace(rec, api=None)
     with pytest.raises(ApiError, match=rf"records no layout API.*nox -s probe -- {rec.release}"):
         api_of(old)
-    fixtures.save(old, tmp_path)
-    assert "api" not in json.loads(fixtures.path(rec.release, tmp_path).read_text())
-    assert fixtures.load(rec.release, tmp_path).contracts == rec.contracts  # the contracts still replay
+    store.save(old, tmp_path)
+    assert "api" not in json.loads(store.path(rec.release, tmp_path).read_text())
+    assert store.load(rec.release, tmp_path).contracts == rec.contracts  # the contracts still replay
 
 
 def test_module_paths_serve_one_release_at_a_time_and_leave_nothing_behind() -> None:
-    a, b = fixtures.load(RECORDED[0]), fixtures.load(RECORDED[-1])
+    a, b = store.load(RECORDED[0]), store.load(RECORDED[-1])
     with replaying(a):
         from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAttentionImpl
 
@@ -171,7 +171,7 @@ def test_module_paths_serve_one_release_at_a_time_and_leave_nothing_behind() -> 
 def test_rebind_points_an_imported_module_at_the_replayed_release() -> None:
     import types
 
-    a, b = fixtures.load(RECORDED[0]), fixtures.load(RECORDED[-1])
+    a, b = store.load(RECORDED[0]), store.load(RECORDED[-1])
     consumer = types.ModuleType("consumer")
     with replaying(a):
         exec("from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend", vars(consumer))
@@ -189,7 +189,7 @@ def test_replay_refuses_beside_real_vllm_modules(monkeypatch) -> None:
 
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
     with pytest.raises(RuntimeError, match="already imported"):
-        with replaying(fixtures.load(RECORDED[0])):
+        with replaying(store.load(RECORDED[0])):
             pass
 
 
@@ -201,7 +201,7 @@ def test_a_recorded_signature_that_does_not_parse_is_named() -> None:
 
 
 def test_a_backend_the_release_lacks_is_named() -> None:
-    rec = fixtures.load(RECORDED[0])
+    rec = store.load(RECORDED[0])
     absent = api_of(rec).absent
     if not absent:
         pytest.skip(f"vLLM {rec.release} has every backend")
@@ -214,14 +214,14 @@ def test_modelopt_release_without_api_is_a_contract_error() -> None:
     from kvconform.subjects.modelopt import VllmRelease
 
     with pytest.raises(ContractError, match="records no layout API"):
-        VllmRelease.from_recording(dataclasses.replace(fixtures.load(RECORDED[0]), api=None))
+        VllmRelease.from_recording(dataclasses.replace(store.load(RECORDED[0]), api=None))
 
 
 @pytest.mark.parametrize("release", RECORDED)
 def test_stride_orders_agree_with_the_contracts(release: str, monkeypatch) -> None:
     # The stand-in's stride order (a recorded answer) and the contract the probe read under the same setting (the
     # model the conformance suites allocate from) must name the same physical order.
-    rec = fixtures.load(release)
+    rec = store.load(release)
     checked = 0
     for c in rec.contracts:
         try:
@@ -248,7 +248,7 @@ def test_stride_orders_agree_with_the_contracts(release: str, monkeypatch) -> No
 
 def test_a_planted_wrong_shape_answer_leaves_the_model_without_an_answer() -> None:
     # The shape is computed from the contract and a width rule; an answer no rule reproduces is refused, not served.
-    rec = next((fixtures.load(r) for r in RECORDED if fixtures.load(r).observations.get("era") != "era_enum"), None)
+    rec = next((store.load(r) for r in RECORDED if store.load(r).observations.get("era") != "era_enum"), None)
     api = copy.deepcopy(rec.api)
     fa = api["backends"]["FLASH_ATTN"]
     a = next(a for a in fa["answers"] if a["call"] == "get_kv_cache_shape" and "result" in a)
@@ -265,7 +265,7 @@ def test_a_planted_wrong_shape_answer_leaves_the_model_without_an_answer() -> No
 def test_recordings_that_build_the_same_stand_ins_share_them_and_others_do_not() -> None:
     from harness.vllm_api import modules
 
-    rec = fixtures.load("0.25.1")
+    rec = store.load("0.25.1")
     again = dataclasses.replace(rec)  # equal, with the same API, not the same object
     other = dataclasses.replace(rec, contracts=rec.contracts[:-1])
     assert again is not rec and again == rec

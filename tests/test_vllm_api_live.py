@@ -20,17 +20,18 @@ import pytest
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed: the live comparison needs a release", allow_module_level=True)
 
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st
 
-from harness import fixtures  # noqa: E402
-from harness.probe import api as probe_api  # noqa: E402
 from harness.backends import layout_env  # noqa: E402
+from harness.probe import api as probe_api  # noqa: E402
+from harness.recordings import store  # noqa: E402
 from harness.vllm_api import api_of, stand_ins  # noqa: E402
 from harness.vllm_api.surface import BACKEND_MEMBERS, FLAGS, describe, describe_enum, encode  # noqa: E402
 
 RELEASE = os.environ.get("KVCONFORM_LIVE_RELEASE") or importlib.metadata.version("vllm")
-REC = fixtures.load(RELEASE, fixtures.Path(os.environ["KVCONFORM_CONTRACTS_DIR"])) if os.environ.get(
-    "KVCONFORM_CONTRACTS_DIR") else fixtures.load(RELEASE)
+REC = store.load(RELEASE, store.Path(os.environ["KVCONFORM_CONTRACTS_DIR"])) if os.environ.get(
+    "KVCONFORM_CONTRACTS_DIR") else store.load(RELEASE)
 API = api_of(REC)
 S = stand_ins(REC)
 BACKENDS = sorted(API.backends)

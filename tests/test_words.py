@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.words import count, plural
+from harness.results.words import count, plural
 
 
 @pytest.mark.parametrize(("noun", "nouns"), [

@@ -4,12 +4,13 @@ the geometry, the ambiguous sizes first."""
 
 from __future__ import annotations
 
-from harness import checks, strategies
+from harness import checks
 from harness.checks.outcome import Outcome, compare
+from harness.draws import strategies
+from harness.draws.strategies import Sizes
 from harness.run.implementation import Implementation
 from harness.run.targets import Target
 from harness.run.trial import Trial
-from harness.strategies import Sizes
 
 
 class Placed(Implementation):

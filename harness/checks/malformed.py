@@ -1,7 +1,7 @@
-"""rejects-malformed: a malformed kv_cache given to the subject's split is refused: the split raises an exception, of any type, whose
-message names the tensor's full shape, spelled as a tuple `(2, 3, 16, 2, 64)`, a `torch.Size([2, 3, 16, 2, 64])` or
-a list `[2, 3, 16, 2, 64]`; kvconform's own ContractError names the expected contract too. A split that returns, or
-raises naming no shape, accepted it. An example is malformed in every way that shows at its sizes (a stored
+"""rejects-malformed: a malformed kv_cache given to the subject's split is refused: the split raises an exception, of
+any type, whose message names the tensor's full shape, spelled as a tuple `(2, 3, 16, 2, 64)`, a `torch.Size([2, 3, 16,
+2, 64])` or a list `[2, 3, 16, 2, 64]`; kvconform's own ContractError names the expected contract too. A split that
+returns, or raises naming no shape, accepted it. An example is malformed in every way that shows at its sizes (a stored
 regression in the one way it was found); what an example costs is drawing it, and each way is one more call."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from harness import checks
 from harness.checks.outcome import Outcome
 from harness.checks.split import Viewed
 from harness.contract import ContractError, views
-from harness.layer import in_force
+from harness.draws.strategies import MALFORMATIONS
+from harness.handed.layer import in_force
 from harness.results import Word
 from harness.run.trial import Trial
-from harness.strategies import MALFORMATIONS
 
-# Each malformation (harness.strategies.MALFORMATIONS) breaks the contract in a way that is visible without knowing
-# the sizes (the layer value holds the sizes; a malformation must not look like another valid cache).
+# Each malformation (harness.draws.strategies.MALFORMATIONS) breaks the contract in a way that is visible without
+# knowing the sizes (the layer value holds the sizes; a malformation must not look like another valid cache).
 
 
 def malform(kv_cache, contract, mutation):

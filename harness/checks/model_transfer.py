@@ -5,8 +5,8 @@ groups, shared layers, layers not handed, padding); extract leaves the source as
 scheduler's (manager blocks); a layer's view is indexed by kernel blocks, `layer.manager_block_size //
 layer.block_size` of them per manager block where the release splits them.
 
-Its targets are the models each release's allocation record holds (harness.model); its examples are seeds of block
-moves and source bytes (`Moves`).
+Its targets are the models each release's allocation record holds (harness.handed.model); its examples are seeds
+of block moves and source bytes (`Moves`).
 """
 
 from __future__ import annotations
@@ -18,18 +18,19 @@ from dataclasses import dataclass, field
 import torch
 from hypothesis import strategies as st
 
-from harness import checks, model
+from harness import checks
 from harness.checks.outcome import Outcome, compare
 from harness.checks.transfer import moves
-from harness.model import Model, models
+from harness.draws.strategies import Sizes
+from harness.handed import model
+from harness.handed.model import Model, models
 from harness.results import Word
+from harness.results.words import count, listed
 from harness.run.implementation import Implementation
 from harness.run.releases import ReleaseContracts
 from harness.run.session import Session, supports_layer
 from harness.run.targets import Target
 from harness.run.trial import Trial
-from harness.strategies import Sizes
-from harness.words import count, listed
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""oracle: the subject's dense forward agrees with the float64 oracle (harness.reference), under the sparsity semantics the
-subject declares, at a stated tolerance around the envelope of its decision paths.
+"""oracle: the subject's dense forward agrees with the float64 oracle (harness.compare.reference), under the sparsity
+semantics the subject declares, at a stated tolerance around the envelope of its decision paths.
 
 Tolerance |out - oracle| <= 2 * eps(dtype) * max|v|, elementwise, for fixed keep/skip decisions. Why: q, k, v are the
 same rounded inputs for both, scores and softmax sums are fp32 (error ~1e-7, far below), so what remains is (1) the
@@ -24,16 +24,18 @@ from dataclasses import dataclass
 
 import torch
 
-from harness import checks, reference, strategies
-from harness.cases import SPARSITY_MODES, Case
+from harness import checks
 from harness.checks.outcome import Outcome
+from harness.compare import reference
+from harness.draws import strategies
+from harness.draws.cases import SPARSITY_MODES, Case
+from harness.draws.strategies import Sizes
 from harness.matrix import version_key
 from harness.results import Word
 from harness.run.implementation import Drawn, Implementation
 from harness.run.session import Session
 from harness.run.targets import Target
 from harness.run.trial import Trial
-from harness.strategies import Sizes
 from harness.subjects import SparsitySemantics, TileConfig, semantics_of
 
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness import costs
 from harness.compare import diagnose
+from harness.device import costs
 from harness.results import Word
 
 

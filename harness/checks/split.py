@@ -2,19 +2,21 @@
 same memory (shape, strides, storage offset, data pointer, storage). Equal views read equal values, so values are
 not compared; a copy with equal values would still fail here, since it would hide a wrong layout from every later
 write. The stride of an axis of size 1 addresses nothing (torch leaves it free), so strides are compared where the
-size is not 1. Its examples are placements (harness.strategies.placements), the ambiguous sizes first."""
+size is not 1. Its examples are placements (harness.draws.strategies.placements), the ambiguous sizes first."""
 
 from __future__ import annotations
 
-from harness import checks, costs, strategies
+from harness import checks
 from harness.checks.outcome import Outcome
 from harness.compare import view_mismatch
 from harness.contract import views
+from harness.device import costs
+from harness.draws import strategies
+from harness.draws.strategies import Sizes
 from harness.results import Word
 from harness.run.implementation import Implementation
 from harness.run.targets import Target
 from harness.run.trial import Trial
-from harness.strategies import Sizes
 
 
 class Viewed(Implementation):

@@ -6,7 +6,7 @@ again): a payload must own its data, as an offloaded block's must.
 
 What it draws (the relayout check draws the same): examples whose caches are as small as 2 and 3 pages (where a
 cache's block axis is as long as a K/V axis and naive layout detection is ambiguous), and which blocks move where.
-Every target first runs the ambiguous examples (harness.strategies.ambiguous: 2 KV heads, block_size == head_dim,
+Every target first runs the ambiguous examples (harness.draws.strategies.ambiguous: 2 KV heads, block_size == head_dim,
 two layers of a shared allocation, V's own head dim on a diff-KV contract), each moving every page that holds tokens:
 at num_blocks 2 both pages hold tokens and swap places, at num_blocks 3 the last page moves. Generated examples then
 come half from one-sequence cases that fit 2 or 3 pages, half from the ordinary strategy (at least 2 pages, so that
@@ -17,21 +17,23 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+
 import torch
 from hypothesis import strategies as st
 
 from harness import checks
-from harness.cache import Paging
 from harness.checks.outcome import Outcome, compare
 from harness.compare import bits
 from harness.contract import Contract, views
 from harness.contract.views import poison
-from harness.layer import Layer, in_force
+from harness.draws.strategies import Example, Sizes, ambiguous, cases, num_blocks
+from harness.draws.strategies import examples as placed
+from harness.handed.cache import Paging
+from harness.handed.layer import Layer, in_force
 from harness.results import Word
 from harness.run.implementation import Implementation
 from harness.run.targets import Target
 from harness.run.trial import Trial
-from harness.strategies import Example, Sizes, ambiguous, cases, examples as placed, num_blocks
 
 SMALL = (2, 3)
 
@@ -79,10 +81,11 @@ def storage(kv_cache: torch.Tensor) -> torch.Tensor:
 
 def moved(t: Trial, to: Contract, to_layer: Layer, refusable: bool = False) -> Outcome:
     """The outcome of moving the trial's blocks with the subject (which ones: its `extra`, the seed of
-    `block_ids`): extracted from the example's cache (handed with the trial's layer), the source then poisoned (the blocks are reused: a payload must own its data), injected at other
-    block ids into a fresh, poisoned cache of contract `to` handed as `to_layer`. bit-identical when every moved
-    block's K and V read through `to`'s views equal the source's and nothing else of the target allocation changed;
-    with `refusable`, an inject that raises and leaves the target untouched is `rejected` (a refusal)."""
+    `block_ids`): extracted from the example's cache (handed with the trial's layer), the source then poisoned (the
+    blocks are reused: a payload must own its data), injected at other block ids into a fresh, poisoned cache of
+    contract `to` handed as `to_layer`. bit-identical when every moved block's K and V read through `to`'s views equal
+    the source's and nothing else of the target allocation changed; with `refusable`, an inject that raises and leaves
+    the target untouched is `rejected` (a refusal)."""
     ex, p = t.example, t.prepare()
     src, dst = block_ids(p.paging, ex.num_blocks, t.extra)
     device, dims = t.device, ex.dims

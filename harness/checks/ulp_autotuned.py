@@ -1,6 +1,6 @@
-"""ulp-autotuned: paged forward over the subject's own split of the release's kv_cache against its dense forward, each call tuned by
-the subject's own autotuner (`tile` None): bit-identical, or within the rounding bound derived here; beyond it,
-differs.
+"""ulp-autotuned: paged forward over the subject's own split of the release's kv_cache against its dense forward, each
+call tuned by the subject's own autotuner (`tile` None): bit-identical, or within the rounding bound derived here;
+beyond it, differs.
 
 Where one pinned tile makes the two bit-identical (bit-identity), the autotuner may run them under different tile
 configs: the same arithmetic in another order. The bound is on |paged - dense| elementwise, derived from the
@@ -61,10 +61,10 @@ import math
 import torch
 
 from harness import checks
-from harness.cases import Case
 from harness.checks.bit_identity import Placed
 from harness.checks.outcome import Outcome
 from harness.compare import diagnose
+from harness.draws.cases import Case
 from harness.results import Word
 from harness.run.trial import Trial
 from harness.subjects import TileConfig

@@ -14,9 +14,9 @@ import importlib.util
 import torch
 
 from harness import checks
-from harness.cache import read
 from harness.checks.outcome import Outcome, compare
 from harness.contract import views
+from harness.handed.cache import read
 from harness.results import Word
 from harness.run.implementation import Implementation
 from harness.run.targets import Target

@@ -9,9 +9,9 @@ One reader per era of vLLM's API (how a release can be asked about its layout), 
 | `era_write` | 0.15 - 0.28 | same, write through the impl's do_kv_cache_update |
 | `era_enum` | 0.29 - | vllm.v1.kv_cache_layout.KVCacheLayout + customize_spec + create_kv_cache_views (no shape method); do_kv_cache_update |
 
-Each reader reads every backend of harness.backends.BACKENDS at every cache dtype of DTYPES the backend lists in its
-`supported_kv_cache_dtypes` (before that attribute existed: the model dtype only). One home each: `imports` imports
-the release's modules (a GPU library stubbed where it does not import here, the device class stubbed where a
+Each reader reads every backend of harness.backends.BACKENDS at every cache dtype of DTYPES the backend lists
+in its `supported_kv_cache_dtypes` (before that attribute existed: the model dtype only). One home each: `imports`
+imports the release's modules (a GPU library stubbed where it does not import here, the device class stubbed where a
 backend asks it), `observe` names axes at its fixed sizes (all distinct, so each axis is named by its size and never
 guessed) and checks the tensor the release built against the contract read, `write` runs the backend's own cache
 write on the CPU to see where K and V land. Anything a reader cannot read raises ProbeError naming what was missing;
@@ -22,8 +22,8 @@ kernel blocks inside manager blocks, sliding-window and Mamba groups overlaid, p
 its indexer, layers interleaved per block) and records what each layer and the KV connector are handed, or what the
 release refused.
 
-Adding a backend: add its line to harness.backends.BACKENDS and its cache dtypes to DTYPES. If its kv_cache splits
-K and V in a way no family of harness.contract expresses, add the family there first (FAMILIES, `split`, `size`);
+Adding a backend: add its line to harness.backends.BACKENDS and its cache dtypes to DTYPES. If its kv_cache
+splits K and V in a way no family of harness.contract expresses, add the family there first (FAMILIES, `split`, `size`);
 until then the probe rejects it by name.
 """
 
@@ -35,10 +35,10 @@ from typing import Any
 
 from harness.backends import BACKENDS, Backend
 from harness.contract import ALIASES, Contract
-from harness.fixtures import Recording
 from harness.probe import allocation, api, era_enum, era_shape, era_stride, era_write
 from harness.probe.imports import NotImportable, backend
 from harness.probe.observe import DIMS, SLOTS, ProbeError, dedupe
+from harness.recordings.store import Recording
 
 __all__ = ["DTYPES", "ERAS", "ProbeError", "probe", "release"]
 

@@ -14,9 +14,10 @@ import json
 import sys
 import time
 
-from harness import allocations, build, fixtures
-from harness.drift import drift
+from harness.matrix import build
 from harness.probe import ProbeError, probe, release
+from harness.recordings import allocations, store
+from harness.recordings.drift import drift
 
 
 def main(argv: list[str]) -> int:
@@ -44,12 +45,12 @@ def main(argv: list[str]) -> int:
     if not found["read"]:
         print(f"  allocations not read: {found['why']}")
     if args.check:
-        diff = drift(fixtures.load(name), live)
+        diff = drift(store.load(name), live)
         for line in diff:
             print(f"DRIFT vllm {name}: {line}", file=sys.stderr)
-        print(f"vllm {name}: {'drift' if diff else 'no drift'} against {fixtures.path(name)}")
+        print(f"vllm {name}: {'drift' if diff else 'no drift'} against {store.path(name)}")
         return 1 if diff else 0
-    print(f"vllm {name}: recorded {len(live.contracts)} contracts to {fixtures.save(live)}")
+    print(f"vllm {name}: recorded {len(live.contracts)} contracts to {store.save(live)}")
     return 0
 
 

@@ -25,7 +25,7 @@ import torch
 
 from harness.backends import backend_named, layout_env
 from harness.probe.imports import backend, module
-from harness.probe.models import CROSS_LAYER_LAYOUT, IFACE, MODELS, NUM_BLOCKS, WORKER, Model
+from harness.probe.models import CROSS_LAYER_LAYOUT, IFACE, MODELS, NUM_BLOCKS, WORKER, ModelSpec
 from harness.probe.observe import ProbeError, patched
 
 ATTN_UTILS = "vllm.v1.attention.backends.utils"
@@ -77,7 +77,7 @@ def allocations() -> dict[str, Any]:
             "models": {m.name: {"about": m.about, **allocation(m, kind)} for m in MODELS}}
 
 
-def allocation(m: Model, kind: str) -> dict[str, Any]:
+def allocation(m: ModelSpec, kind: str) -> dict[str, Any]:
     """One model's allocation record; {"refused" or "raised": {step, error}} where a step of the release raised;
     {"absent": what} where the release has no such thing."""
     iface = module(IFACE)
@@ -134,7 +134,7 @@ def _step(name: str) -> Iterator[None]:
         raise _Raised(name, e) from e
 
 
-def _allocate(m: Model, classes: dict[Any, type], kind: str) -> dict[str, Any]:
+def _allocate(m: ModelSpec, classes: dict[Any, type], kind: str) -> dict[str, Any]:
     iface, config_mod = module(IFACE), module("vllm.config")
     vllm_config = config_mod.VllmConfig(
         cache_config=config_mod.CacheConfig(block_size=m.block_size, num_gpu_blocks_override=NUM_BLOCKS,
@@ -149,7 +149,7 @@ def _allocate(m: Model, classes: dict[Any, type], kind: str) -> dict[str, Any]:
         return _plan_and_allocate(m, classes, kind, vllm_config, specs)
 
 
-def _plan_and_allocate(m: Model, classes: dict[Any, type], kind: str, vllm_config, specs: dict[str, Any]):
+def _plan_and_allocate(m: ModelSpec, classes: dict[Any, type], kind: str, vllm_config, specs: dict[str, Any]):
     worker, planner = module(WORKER), _planner()
     shared = {n: layer.shares for n, layer in m.layers.items() if layer.shares is not None}
     layout = _resolve_layout(vllm_config, classes, specs) if kind == "free" else _layout_setting()
@@ -241,7 +241,7 @@ class _Bound:
         self.given = value[0] if isinstance(value, list) and len(value) == 1 else value
 
 
-def _runner_of(m: Model, vllm_config, config, attn_groups: list, shared: dict[str, str], runner_only: set[str],
+def _runner_of(m: ModelSpec, vllm_config, config, attn_groups: list, shared: dict[str, str], runner_only: set[str],
                context: dict[str, _Bound]):
     """A GPUModelRunner holding only what its KV-cache methods read, its forward context `context`."""
     runner = object.__new__(module(RUNNER).GPUModelRunner)
@@ -254,7 +254,7 @@ def _runner_of(m: Model, vllm_config, config, attn_groups: list, shared: dict[st
     return runner
 
 
-def _runner(m: Model, vllm_config, config, attn_groups: list, shared: dict[str, str], runner_only: set[str],
+def _runner(m: ModelSpec, vllm_config, config, attn_groups: list, shared: dict[str, str], runner_only: set[str],
             kernel: list[int]):
     """(the connector's dict, the layers' dict, the cross-layer tensor or None) from GPUModelRunner's own
     initialize_kv_cache_tensors at these kernel block sizes; a KV connector preferring cross-layer blocks stands in
@@ -293,7 +293,7 @@ def _connector(cross_layer: bool) -> Iterator[None]:
         yield
 
 
-def _attention_groups(worker, m: Model, classes: dict[Any, type], group, gid: int) -> list:
+def _attention_groups(worker, m: ModelSpec, classes: dict[Any, type], group, gid: int) -> list:
     """A cache group's attention groups as the runner forms them: one per backend, with its layers' spec."""
     fields = {f.name for f in dataclasses.fields(worker.AttentionGroup)}
     by_backend: dict[type, list[str]] = {}
@@ -355,7 +355,7 @@ def _states(cache: Cache) -> list[torch.Tensor]:
     return list(cache) if isinstance(cache, (list, tuple)) else [cache]
 
 
-def _layer_records(m: Model, config, kernel: list[int], connector: dict[str, Cache], bound: dict[str, Cache],
+def _layer_records(m: ModelSpec, config, kernel: list[int], connector: dict[str, Cache], bound: dict[str, Cache],
                    unsplit: dict[str, Cache], cross: torch.Tensor | None) -> dict[str, Any]:
     """The allocations (bytes each), per layer what it and the connector are handed and which layers address any of
     its bytes, and the cross-layer tensor a connector is handed instead of the dict (None: none)."""
@@ -404,7 +404,7 @@ def _layer_records(m: Model, config, kernel: list[int], connector: dict[str, Cac
             "cross_layer_tensor": view_bytes(cross, where(cross)) if cross is not None else None}
 
 
-def _block_axis(m: Model, name: str, layer: torch.Tensor, num_blocks: int, manager: int, kernel: int | None) -> int:
+def _block_axis(m: ModelSpec, name: str, layer: torch.Tensor, num_blocks: int, manager: int, kernel: int | None) -> int:
     """The axis of a layer's view that is as long as its kernel blocks (ProbeError where not exactly one is)."""
     count = num_blocks * (manager // (kernel or manager))
     found = [i for i, n in enumerate(layer.shape) if n == count]

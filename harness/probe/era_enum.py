@@ -20,8 +20,7 @@ from harness.backends import Backend
 from harness.contract import Contract, Dims
 from harness.probe import era_write, write
 from harness.probe.imports import device, module
-from harness.probe.observe import (DIMS, ProbeError, axes, check_view, contract, dims, element, physical,
-                                   view_record)
+from harness.probe.observe import DIMS, ProbeError, axes, check_view, contract, dims, element, physical, view_record
 from harness.vllm_api.surface import DEVICE_CLASSES
 
 LAYOUT = "vllm.v1.kv_cache_layout"

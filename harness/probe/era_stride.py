@@ -21,8 +21,19 @@ from harness.backends import LAYOUT_ENV, LAYOUT_VALUES, Backend, layout_env
 from harness.contract import CACHE_DTYPES, Contract
 from harness.probe import write
 from harness.probe.imports import module
-from harness.probe.observe import (DIMS, MODEL_DTYPE, ProbeError, axes, check_view, contract, dims, element, patched,
-                                   physical, view_record)
+from harness.probe.observe import (
+    DIMS,
+    MODEL_DTYPE,
+    ProbeError,
+    axes,
+    check_view,
+    contract,
+    dims,
+    element,
+    patched,
+    physical,
+    view_record,
+)
 
 FA = "vllm.v1.attention.backends.flash_attn"
 MIXIN = "vllm.v1.worker.kv_connector_model_runner_mixin"

@@ -15,9 +15,9 @@ naming the vLLM build its lines came from and each release x check cell its hist
 they kept (harness.report.history: a chart per cell in the HTML, the last change in the markdown); every outcome word
 with its count comes after, under Details. Outcome words are never folded together, and an outcome a known finding
 predicted is marked `[known]` (see docs/report.md). The performance lane's lines (results/<release>/performance.jsonl,
-harness.timings: all of them, whatever --run names; each release's file holds the last bench of each subject) are shown
-beside the conformance cells and in a section of their own; they never change the verdict, and a folder of them alone is
-a report whose verdict says there are no conformance results.
+harness.results.timings: all of them, whatever --run names; each release's file holds the last bench of each subject)
+are shown beside the conformance cells and in a section of their own; they never change the verdict, and a folder of
+them alone is a report whose verdict says there are no conformance results.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from harness.report.fold import report_data, runs
 from harness.report.html import report_html
 from harness.report.markdown import report_md
 from harness.results import read
-from harness.timings import FILE as TIMINGS
-from harness.timings import read as read_timings
-from harness.words import count
+from harness.results.timings import FILE as TIMINGS
+from harness.results.timings import read as read_timings
+from harness.results.words import count
 
 
 def main(argv: list[str]) -> int:

@@ -1,7 +1,7 @@
 """What a report cell says about the result lines in it: passed / total, coloured by that fraction, with every other
 word counted beside it under its mark; and the outcome class of a word (pass, known, fail, error, not run), the unit
-that runs are compared in; and the mark of a performance line's word (harness.timings), which the report shows beside
-the conformance cells but never counts among them.
+that runs are compared in; and the mark of a performance line's word (harness.results.timings), which the report shows
+beside the conformance cells but never counts among them.
 
 A cell's words are the stored outcome words, a known finding's with ` [known]` after it; they are never folded into
 one another: marks group words only for their glyph, the counts stay per word.
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from harness import checks, timings
-from harness.results import NOT_RAN, PASSING, STALE, UNEXERCISED
+from harness import checks
+from harness.results import NOT_RAN, PASSING, STALE, UNEXERCISED, timings
 
 # Worst first: what a reader must see before anything else in a cell.
 SEVERITY = ("harness-error", "install-error", "contract-error", "subject-error", "timeout", "differs", "accepted",

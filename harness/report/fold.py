@@ -1,7 +1,7 @@
 """The report as data: every result line folded into what report.json holds (the runs folded, per subject the
 release x geometry, release x check and release x cache dtype word counts, the drill-down rows, each key's outcome
 class, the lists to act on, the verdict) and, given a previous report.json, what changed since it; beside them, the
-performance lane's lines (harness.timings), which never change the verdict.
+performance lane's lines (harness.results.timings), which never change the verdict.
 
 Outcome words are never folded together: a known finding's keeps ` [known]` after it (harness.report.cells).
 """
@@ -14,13 +14,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from harness import api_history, checks
+from harness import checks
 from harness.matrix import version_key
+from harness.recordings import api_history
 from harness.report import cells, changes, history, keys
 from harness.report.lone_failures import BACKEND, CACHE_DTYPE, RELEASE, lone_failures
 from harness.results import STALE, UNEXERCISED, Result
-from harness.timings import SLOWER, WITHIN, Timing
-from harness.words import count
+from harness.results.timings import SLOWER, WITHIN, Timing
+from harness.results.words import count
 
 # Checks in their declared order (harness.checks): could a release be installed and read, the layout, the kernels.
 CHECK_ORDER = tuple(c.name for c in checks.CHECKS)
@@ -89,11 +90,12 @@ def report_data(rows: list[Result], since: Sequence[Path] = (), left_out: Iterab
     dtype matrix of word counts, the drill-down rows (subject, release, check, geometry, backends, cache dtype), each
     key's outcome class, the lists to act on, each cell's history and the last build that passed
     (harness.report.history), and, given earlier report.json files `since` (oldest first), what changed since the last
-    of them (a ValueError naming a file that cannot be read or is not one). `left_out`: the lines of runs not folded (not
-    named by --run), listed as such. `recordings`: where the layout API changes of the releases are read from
-    (harness.api_history; a ValueError naming a recording that is not JSON). `timings`: the performance lane's lines
-    (harness.timings.read), report.json's `performance` (see `performance`); they never change the verdict, but a
-    release they have is one of the report's `releases` (a row of every subject's release x check matrix)."""
+    of them (a ValueError naming a file that cannot be read or is not one). `left_out`: the lines of runs not folded
+    (not named by --run), listed as such. `recordings`: where the layout API changes of the releases are read from
+    (harness.recordings.api_history; a ValueError naming a recording that is not JSON). `timings`: the performance
+    lane's lines (harness.results.timings.read), report.json's `performance` (see `performance`); they never change the
+    verdict, but a release they have is one of the report's `releases` (a row of every subject's release x check
+    matrix)."""
     timings = list(timings)
     def table() -> dict[str, dict[str, dict[str, Counter]]]:  # subject -> release -> column -> word counts
         return defaultdict(lambda: defaultdict(lambda: defaultdict(Counter)))

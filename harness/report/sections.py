@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from harness.build import Build
 from harness.matrix import version_key
+from harness.matrix.build import Build
 from harness.report import cells, keys, lone_failures
 from harness.report.cells import Mark, says
 from harness.report.fold import check_key, span
-from harness.timings import SLOWER, WITHIN
-from harness.words import count
+from harness.results.timings import SLOWER, WITHIN
+from harness.results.words import count
 
 LEGEND = ("A cell reads passed/total result lines (every line in the cell, whatever its word), coloured by that "
           "fraction and red with any new failure or error; the other words are counted beside it under their marks "
@@ -233,7 +233,7 @@ def runs_table(data: dict) -> list[list[str]]:
 
 
 def source(data: dict, subject: str, release: str) -> str:
-    """How the release's contracts were read for a subject's lines, from which vLLM build (harness.build: the
+    """How the release's contracts were read for a subject's lines, from which vLLM build (harness.matrix.build: the
     installed one, or the one the recording was probed from), and which run they come from (and when it ran);
     lines of several runs say so, with each run's count. Only benched there: its performance lines' sources
     (`replay (bench)`). Neither: NO_LINE, so that its row never reads as a pass."""

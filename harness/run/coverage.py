@@ -9,11 +9,11 @@ from harness import checks
 from harness.checks import Check
 from harness.contract import Contract
 from harness.results import Word
+from harness.results.words import count, listed
 from harness.run import implementation
 from harness.run.session import NOMINAL, Session
 from harness.run.targets import examples_per_item, geometries, outside
 from harness.subjects import FORWARD
-from harness.words import count, listed
 
 
 def takes_geometries(session: Session) -> bool:

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import importlib
 import json
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from hypothesis import strategies as st
 
 from harness.checks import Check
 from harness.checks.outcome import Outcome
+from harness.draws.strategies import Example, Sizes, cases, examples
 from harness.run.session import Session, supports_layer
 from harness.run.targets import Target, geometries
-from harness.strategies import Example, Sizes, cases, examples
+
+if TYPE_CHECKING:  # the trial imports this module's Drawn: an annotation here
+    from harness.run.trial import Trial
 
 PACKAGE = "harness.checks"
 
@@ -66,7 +69,7 @@ class Implementation:
         """The strategy of the check's own argument (a trial's `extra`)."""
         return st.none()
 
-    def refusal(self, trial: Any, session: Session) -> str | None:
+    def refusal(self, trial: Trial, session: Session) -> str | None:
         """Why the subject does not take this example, by its own word (None when it does)."""
         supports = getattr(session.subject, "supports", None)  # optional outside kernels
         reason = trial.call(supports, trial.example.case) if self.check.asks_case and supports is not None else None
@@ -75,7 +78,7 @@ class Implementation:
                                 session.capabilities)
         return reason
 
-    def body(self, trial: Any) -> Outcome:
+    def body(self, trial: Trial) -> Outcome:
         """The check itself: the outcome of one example (harness.run.trial.Trial)."""
         raise NotImplementedError(f"{type(self).__name__} ({self.check.name}) has no body")
 

@@ -17,10 +17,12 @@ from dataclasses import dataclass, field, replace
 import hypothesis
 from hypothesis import given, settings
 
-from harness import costs, findings, limits, profiles
 from harness.checks import Check
 from harness.checks.outcome import Outcome
-from harness.results import Word
+from harness.device import costs, limits
+from harness.draws import profiles
+from harness.draws.strategies import alike
+from harness.results import Word, findings
 from harness.run import implementation, regressions
 from harness.run.implementation import Drawn
 from harness.run.regressions import Regression
@@ -28,7 +30,6 @@ from harness.run.releases import ReleaseContracts
 from harness.run.session import Session
 from harness.run.targets import Target, examples_per_item, item_seed
 from harness.run.trial import NotRun, Poisoned, Trial, Verdict
-from harness.strategies import alike
 
 CheckFn = Callable[[Trial], Outcome]
 
@@ -52,7 +53,8 @@ class NewFinding(AssertionError):
 
 
 class TimedOut(Exception):
-    """An item ran past its time limit (harness.limits): recorded as `timeout` with the example it was running."""
+    """An item ran past its time limit (harness.device.limits): recorded as `timeout` with the example it was
+    running."""
 
 
 class DeviceLost(BaseException):

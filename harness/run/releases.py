@@ -7,12 +7,15 @@ import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import build, fixtures, matrix
-from harness.build import Build
+from harness import matrix
 from harness.contract import Contract, ContractError
-from harness.drift import drift
-from harness.fixtures import Recording
-from harness.probe import ProbeError, probe, release as installed_release
+from harness.matrix import build
+from harness.matrix.build import Build
+from harness.probe import ProbeError, probe
+from harness.probe import release as installed_release
+from harness.recordings import store
+from harness.recordings.drift import drift
+from harness.recordings.store import Recording
 
 
 @dataclass(frozen=True)
@@ -24,14 +27,14 @@ class ReleaseContracts:
     contracts: tuple[Contract, ...]
     error: str = ""  # the contract-error when they could not be read
     drift: tuple[str, ...] = ()
-    unmodelled: dict[str, list[str]] = field(default_factory=dict, compare=False)  # fixtures.unmodelled
+    unmodelled: dict[str, list[str]] = field(default_factory=dict, compare=False)  # store.unmodelled
     recording: Recording | None = field(default=None, compare=False, repr=False)  # replay: the stand-ins' source
     allocations: dict | None = field(default=None, compare=False, repr=False)  # the whole-model allocation record
     build: Build | None = None  # the vLLM build its contracts came from: the installed one, or the recording's
 
     def describe(self) -> str:
         """How the contracts were read, and their distinct geometries by family, with the backends that hand them
-        (every geometry by name: docs/contracts.md, or `python -m harness.fixtures table`)."""
+        (every geometry by name: docs/contracts.md, or `python -m harness.recordings.store table`)."""
         if self.error:
             return f"{self.release}: contract-error: {self.error}"
         how = "live probe of the installed vLLM" if self.source == "live" else "replay of the recorded fixture"
@@ -56,9 +59,9 @@ def load_release(release: str, contracts_dir: Path) -> ReleaseContracts:
     replayed from the recording."""
     if not vllm_installed():
         try:
-            recording = fixtures.load(release, contracts_dir)
+            recording = store.load(release, contracts_dir)
             return ReleaseContracts(release, "replay", recording.contracts, recording=recording,
-                                    unmodelled=fixtures.unmodelled(recording),
+                                    unmodelled=store.unmodelled(recording),
                                     allocations=recording.observations.get("allocations"),
                                     build=build.recorded(recording.observations, release))
         except ContractError as e:
@@ -70,12 +73,12 @@ def load_release(release: str, contracts_dir: Path) -> ReleaseContracts:
         return ReleaseContracts(release, "live", (), str(e), build=here)
     if release != "main" and live.release != release:
         return ReleaseContracts(release, "live", (), f"the installed vLLM is {live.release}, not {release}", build=here)
-    unmodelled = fixtures.unmodelled(live)
-    if release not in fixtures.releases(contracts_dir):
+    unmodelled = store.unmodelled(live)
+    if release not in store.releases(contracts_dir):
         return ReleaseContracts(release, "live", live.contracts, drift=(f"no recording of {release} to compare",),
                                 unmodelled=unmodelled, allocations=live.observations.get("allocations"), build=here)
     return ReleaseContracts(release, "live", live.contracts, unmodelled=unmodelled,
-                            drift=tuple(drift(fixtures.load(release, contracts_dir), live)),
+                            drift=tuple(drift(store.load(release, contracts_dir), live)),
                             allocations=live.observations.get("allocations"), build=here)
 
 
@@ -85,11 +88,11 @@ def releases_asked(asked: list[str], contracts_dir: Path) -> list[str]:
     if not asked:
         if not vllm_installed():
             raise ValueError("vLLM is not installed: name the release(s) to replay with --kvconform-release "
-                             f"(recorded: {', '.join(fixtures.releases(contracts_dir))})")
+                             f"(recorded: {', '.join(store.releases(contracts_dir))})")
         asked = [installed_release()]
-    names = [r for a in asked for r in (fixtures.releases(contracts_dir) if a == "recorded" else [a])]
+    names = [r for a in asked for r in (store.releases(contracts_dir) if a == "recorded" else [a])]
     if not vllm_installed():
-        recorded = fixtures.releases(contracts_dir)
+        recorded = store.releases(contracts_dir)
         for name in names:
             if name not in recorded:
                 raise ValueError(f"vllm {name} has no recording in {contracts_dir} (recorded: {', '.join(recorded)}); "

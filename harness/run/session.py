@@ -14,12 +14,13 @@ import hypothesis
 import torch
 from hypothesis import settings
 
-from harness import findings, vllm_api
+from harness import vllm_api
 from harness.contract import Contract, Dims, cache_dtype
-from harness.layer import Layer, in_force, layer_for
+from harness.draws.strategies import CPU, GPU, Sizes
+from harness.handed.layer import Layer, in_force, layer_for
+from harness.results import findings
 from harness.run.releases import ReleaseContracts, load_release, releases_asked
 from harness.run.sink import Sink
-from harness.strategies import CPU, GPU, Sizes
 from harness.subjects import DEFAULT_CAPABILITIES, FORWARD, capabilities_of, load_subject
 
 NOMINAL = Dims(num_blocks=8, block_size=16, kv_heads=2, head_dim=64)  # the sizes a layer is asked at per geometry

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from harness import compiles, costs, findings, results
-from harness.results import Word
+from harness import results
+from harness.device import compiles, costs
+from harness.results import Word, findings
 from harness.run.releases import ReleaseContracts
 
 POISONED = "the device is unusable after this call"  # in the diagnosis of the line that lost a process its device

@@ -9,10 +9,10 @@ from functools import cached_property
 
 from harness.checks import Check
 from harness.contract import Contract
+from harness.draws.cases import SPARSITY_MODES
+from harness.draws.strategies import Sizes
 from harness.run.releases import ReleaseContracts
 from harness.run.session import Session
-from harness.strategies import Sizes
-from harness.cases import SPARSITY_MODES
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,12 @@ from functools import cached_property
 
 import torch
 
-from harness import costs, devices
-from harness.cache import Paging, filled, read
 from harness.checks.outcome import Outcome
 from harness.compare import bits
 from harness.contract import ContractError, views
-from harness.layer import Layer, in_force
+from harness.device import costs, devices
+from harness.handed.cache import Paging, filled, read
+from harness.handed.layer import Layer, in_force
 from harness.results import Word
 from harness.run.implementation import Drawn
 from harness.run.session import layer_of
@@ -64,7 +64,7 @@ class Prepared:
 class Trial:
     """One example (`example`, with the check's `extra` draw) of `target`, for check `check`, on `device`. What
     makes a cache of the example (`layer`, `prepare`, `allocate`, the splits) takes a placed example
-    (harness.strategies.Example) of a target with a contract."""
+    (harness.draws.strategies.Example) of a target with a contract."""
 
     target: Target
     check: str
@@ -96,7 +96,8 @@ class Trial:
 
     def call(self, fn, *args):
         """Call into the subject; its ContractError is a contract-error, anything else it raises a subject-error.
-        A call handed a layer (or layers by name) runs with that layer's release in force (harness.layer.in_force).
+        A call handed a layer (or layers by name) runs with that layer's release in force
+        (harness.handed.layer.in_force).
         On CUDA the call is waited for, so that a fault of the subject's kernel is reported against this call."""
         layer = next((a for a in args if isinstance(a, Layer)), None) or next(
             (x for a in args if isinstance(a, dict) for x in a.values() if isinstance(x, Layer)), None)

@@ -1,15 +1,15 @@
-"""The warm-up of a run on CUDA: every kernel variant its examples can draw compiled (harness.compiles) in a thread
-of the controller, behind the checks that launch no kernel; kernel items wait for its end."""
+"""The warm-up of a run on CUDA: every kernel variant its examples can draw compiled (harness.device.compiles) in a
+thread of the controller, behind the checks that launch no kernel; kernel items wait for its end."""
 
 from __future__ import annotations
 
 import threading
 
-from harness import compiles
 from harness.contract import Contract
+from harness.device import compiles
+from harness.draws.strategies import warmup_shards
 from harness.run.session import Session
 from harness.run.targets import geometries
-from harness.strategies import warmup_shards
 from harness.subjects import FORWARD
 
 
@@ -58,7 +58,7 @@ def behind(session: Session, gpus: list[str], processes: int) -> Warming | None:
 
 
 def warm(session: Session, gpus: list[str], processes: int) -> compiles.Warmup | None:
-    """Compile every kernel variant this session's examples can draw, before the first (see harness.compiles)."""
+    """Compile every kernel variant this session's examples can draw, before the first (see harness.device.compiles)."""
     contracts = warm_contracts(session)
     if not contracts or FORWARD not in session.capabilities:  # a consumer launches no kernel
         return None

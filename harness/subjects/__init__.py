@@ -1,8 +1,8 @@
 """Subjects: the implementations under test. The harness never fixes a subject's bug for it; it reports.
 
 A subject meets a release's caches as it would inside vLLM: each call hands it a layer's kv_cache and the layer
-(harness.layer.Layer: the release, its attention backend class — vLLM's own live, the recorded stand-in in replay —
-the kv_cache_dtype string, block size, KV heads, head sizes, the layout setting in force, and for cross-layer
+(harness.handed.layer.Layer: the release, its attention backend class — vLLM's own live, the recorded stand-in in
+replay — the kv_cache_dtype string, block size, KV heads, head sizes, the layout setting in force, and for cross-layer
 allocations the layer count and index), never kvconform's contract: it decides the layout by asking the backend as
 it would in vLLM (`layer.backend.get_kv_cache_shape(...)`, `get_kv_cache_stride_order(...)`, the KVCacheLayout
 named by `layer.kv_cache_layout`; `import vllm...` works in replay too while it is called), and the checks judge
@@ -12,10 +12,10 @@ A subject brings its own K/V split of a release's kv_cache, a paged forward over
 [B, N, H, D] (any strides, innermost stride 1) and a dense forward over contiguous token rows [total_kv, H, D].
 Both forwards take q [total_q, num_heads, D] and return the output in the same shape; sequence boundaries come
 from the case. Bit-identity between the two is only meaningful with a pinned tile config for both calls; unpinned
-(`tile` None, each call tuned for itself) they agree within a rounding bound (conformance/test_ulp_autotuned.py).
+(`tile` None, each call tuned for itself) they agree within a rounding bound (harness.checks.ulp_autotuned).
 A subject declares its sparsity semantics (`SparsitySemantics`) where subjects legitimately differ; the oracle
-(harness.reference) judges each subject by its own. A kernel may also offer `paged_launch` and `dense_launch`: the
-forward's checks done once, returning a call that only launches, which the performance lane (harness.performance)
+(harness.compare.reference) judges each subject by its own. A kernel may also offer `paged_launch` and `dense_launch`:
+the forward's checks done once, returning a call that only launches, which the performance lane (harness.performance)
 times; without them it times the whole forward, host-side checks and their device waits included.
 
 Not every subject is a kernel. A subject declares what it can do in `capabilities` (`CAPABILITIES`):
@@ -25,7 +25,7 @@ Not every subject is a kernel. A subject declares what it can do in `capabilitie
             contract (offloaders, connectors): `extract`, `inject`
   connector it is handed a whole model's caches as vLLM's `register_kv_caches` hands a KV connector (the layers'
             views by name, with a layer value each) and moves whole manager blocks of every layer, as a connector
-            saves and loads a request's blocks: `extract_blocks`, `inject_blocks` (harness.model)
+            saves and loads a request's blocks: `extract_blocks`, `inject_blocks` (harness.handed.model)
   forward   it runs attention over paged and dense K/V (kernels): `tile_config`, `paged_forward`, `dense_forward`
   autotune  its forwards, handed `tile` None, pick their tile config per call among `autotune_configs(case)` (an
             autotuner that can time them here): the ulp-autotuned check
@@ -54,9 +54,9 @@ from typing import Protocol
 
 import torch
 
-from harness.cache import Paging
-from harness.cases import Case
-from harness.layer import Layer
+from harness.draws.cases import Case
+from harness.handed.cache import Paging
+from harness.handed.layer import Layer
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,8 @@ RECENT_WINDOWS = ("to_kv_end", "to_query")
 
 @dataclass(frozen=True)
 class SparsitySemantics:
-    """The sparsity rules a subject follows where subjects legitimately differ (harness.reference states them all).
-    The defaults are the built-in subject's.
+    """The sparsity rules a subject follows where subjects legitimately differ (harness.compare.reference states them
+    all). The defaults are the built-in subject's.
 
     skip_decision: who keeps or drops a key tile in skip-softmax mode: each query row for itself ("row"), or the
       valid rows of one head's block_m consecutive queries of a sequence together ("query_tile": dropped only if

@@ -18,10 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.cache import Paging, upload
-from harness.cases import Case
 from harness.contract import cache_dtype
-from harness.layer import Layer, kv_views
+from harness.draws.cases import Case
+from harness.handed.cache import Paging, upload
+from harness.handed.layer import Layer, kv_views
 from harness.subjects import Launched, SparsitySemantics, TileConfig, check_paged_views
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
@@ -47,8 +47,8 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 # Runtime integers (lengths, counts, strides, window sizes) never specialise a kernel: Triton would otherwise
 # compile a new variant whenever one of them turns divisible by 16 or equal to 1, i.e. for almost every new case.
-# What is compiled is the constexprs and the tensors' types alone, a small set that a session warms up once. The one fact
-# specialisation gave the compiler, strides divisible by 16 (without it no load is vectorised), is stated instead:
+# What is compiled is the constexprs and the tensors' types alone, a small set that a session warms up once. The one
+# fact specialisation gave the compiler, strides divisible by 16 (without it no load is vectorised), is stated instead:
 # every stride is a multiple of ALIGN elements (launch refuses others), so every row offset is too.
 ALIGN = tl.constexpr(16)
 RUNTIME_INTS = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_kn", "stride_kh",

@@ -20,9 +20,9 @@ import importlib
 import importlib.metadata
 from typing import Any
 
-from harness import fixtures
 from harness.backends import BACKENDS, backend_named
-from harness.fixtures import Recording
+from harness.recordings import store
+from harness.recordings.store import Recording
 from harness.vllm_api.modules import ReplayError, real_vllm, replaying
 from harness.vllm_api.standins import CannotAnswer, StandIns, api_of, stand_ins
 from harness.vllm_api.surface import Api, ApiError
@@ -43,5 +43,5 @@ def backend_class(release: str | Recording, backend: str, device: str | None = N
         if b is None:
             raise ApiError(f"unknown backend {backend!r}; known: {', '.join(b.name for b in BACKENDS)}")
         return getattr(importlib.import_module(b.path), b.cls)
-    rec = release if isinstance(release, Recording) else fixtures.load(name)
+    rec = release if isinstance(release, Recording) else store.load(name)
     return stand_ins(rec, device).backend(backend)

@@ -27,7 +27,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from harness.fixtures import Recording
+from harness.recordings.store import Recording
 from harness.vllm_api.standins import stand_ins, token
 
 _lock = threading.RLock()

@@ -28,10 +28,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from harness import fixtures
 from harness.backends import LAYOUT_ENV
 from harness.contract import Contract
-from harness.fixtures import Recording
+from harness.recordings import store
+from harness.recordings.store import Recording
 from harness.vllm_api.surface import Api, ApiError, BackendApi, Member
 
 # Stored width of one side per token and head, by rule name; a rule is chosen per (backend, cache dtype string) by
@@ -391,7 +391,7 @@ class StandIns:
 def api_of(recording: Recording) -> Api:
     """The recorded layout API of `recording`; ApiError when it has none (an old recording)."""
     return Api.from_json(recording.release, recording.api, f"the recording of vLLM {recording.release} "
-                         f"({fixtures.path(recording.release)})")
+                         f"({store.path(recording.release)})")
 
 
 _cache: dict[tuple[int, str | None], StandIns] = {}

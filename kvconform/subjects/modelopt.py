@@ -43,13 +43,14 @@ from unittest import mock
 import torch
 from packaging.version import Version
 
-from harness.cache import Paging
-from harness.cases import Case
+from harness import vllm_api
 from harness.compare import view_mismatch
 from harness.contract import ContractError, views
-from harness.layer import Layer, contract_of
-from harness import fixtures, vllm_api
-from harness.fixtures import Recording
+from harness.draws.cases import Case
+from harness.handed.cache import Paging
+from harness.handed.layer import Layer, contract_of
+from harness.recordings import store
+from harness.recordings.store import Recording
 from harness.subjects import AUTOTUNE, FORWARD, SPLIT, Launched, SparsitySemantics, TileConfig, check_paged_views
 
 ENV = "KVCONFORM_MODELOPT"  # a PyPI version ("0.47.0") or a modelopt source tree (a directory holding `modelopt/`)
@@ -301,7 +302,7 @@ def _recorded_release(layer: Layer) -> VllmRelease:
 
 @functools.cache
 def _recording(version: str) -> VllmRelease:
-    return VllmRelease.from_recording(fixtures.load(version))
+    return VllmRelease.from_recording(store.load(version))
 
 
 def _sparse_kw(case: Case) -> dict:
@@ -487,8 +488,8 @@ def _import_replayed(name: str) -> types.ModuleType:
     # release it replays).
     if vllm_api.modules.replayed() is not None:
         return importlib.import_module(name)
-    for version in reversed(fixtures.releases()):
-        rec = fixtures.load(version)
+    for version in reversed(store.releases()):
+        rec = store.load(version)
         if rec.api is not None:
             break
     else:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import torch
 
-from harness.cache import Paging
-from harness.cases import Case
+from harness.draws.cases import Case
+from harness.handed.cache import Paging
 from harness.subjects import TileConfig, builtin
 
 

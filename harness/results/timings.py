@@ -6,7 +6,7 @@ A cell's ratio is the paged forward's median time over the dense forward's, both
 forward is timed BAND_RUNS times the same way; the band is how far those medians spread (max / min - 1). A ratio
 beyond both the band and the subject's threshold (THRESHOLD unless its known-findings file sets
 `performance_threshold`) is `slower`; a known performance finding (`[[performance]]` entries of that file,
-harness.findings) that predicts it makes it known. Words:
+harness.results.findings) that predicts it makes it known. Words:
   within     paged / dense within max(threshold, 1 + band)
   slower     beyond it: a performance finding (known, or new: `nox -s bench` fails)
   not-timed  the cell could not be timed (the split or the paged forward failed, or paged is not bit-identical to

@@ -3,10 +3,10 @@ the layout API it answers (harness.vllm_api.surface)."""
 
 from __future__ import annotations
 
-from harness import allocations
 from harness.backends import LAYOUT_ENV, LAYOUT_VALUES
 from harness.contract import Contract
-from harness.fixtures import Recording
+from harness.recordings import allocations
+from harness.recordings.store import Recording
 from harness.vllm_api.surface import surface_diff
 
 
@@ -18,7 +18,7 @@ def drift(recorded: Recording, live: Recording) -> list[str]:
     it and the error, in place of a "contract gone" line per contract the recording has from it; a recording that
     could not read that backend either is no drift. Where the live probe kept it, the layout API is compared too
     (harness.vllm_api.surface: names, signatures, answers; a recording without it drifts until re-recorded), and
-    so is the whole-model allocation the live probe read (harness.allocations.diff).
+    so is the whole-model allocation the live probe read (harness.recordings.allocations.diff).
     Contracts are matched by origin (the switch setting they were read under), so a change reads as
     "HND single-layer: physical order B.KV.H.N.D -> B.KV.N.H.D" rather than as one removal plus one addition.
     """
@@ -50,7 +50,7 @@ def drift(recorded: Recording, live: Recording) -> list[str]:
             out.extend(f"{key}: {line}" for line in _contract_diff(a, b))
     if live.api is not None:  # a live probe keeps the layout API: its surface and answers must not move either
         out.extend(f"layout API: {line}" for line in surface_diff(recorded.api, live.api))
-    if "allocations" in live.observations:  # and what it allocates for a whole model (harness.allocations)
+    if "allocations" in live.observations:  # and what it allocates for a whole model (harness.recordings.allocations)
         out.extend(f"allocation: {line}" for line in allocations.diff(
             recorded.observations.get("allocations"), live.observations["allocations"]))
     return out

@@ -36,9 +36,9 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.internal.conjecture import providers
 
-from harness.cache import PAGE_ORDERS, Paging, paging
-from harness.cases import SPARSITY_MODES, Case, Sparsity
 from harness.contract import Contract, Dims
+from harness.draws.cases import SPARSITY_MODES, Case, Sparsity
+from harness.handed.cache import PAGE_ORDERS, Paging, paging
 
 AMBIGUOUS_KV_HEADS = 2
 
@@ -275,7 +275,7 @@ def warmup_shards(sizes: Sizes) -> list[list[Case]]:
     return shards
 
 
-# The ways to malform a release's kv_cache (conformance/test_malformed.py says what each does).
+# The ways to malform a release's kv_cache (harness.checks.malformed says what each does).
 MALFORMATIONS = ("extra-axis", "bad-kv-or-c-size", "strided-innermost", "ignored-physical-order", "swapped-n-h")
 
 

@@ -1,17 +1,17 @@
-"""Recorded contracts: one JSON file per release under fixtures/contracts/ (harness.drift compares a live probe with
-one).
+"""Recorded contracts: one JSON file per release under fixtures/contracts/ (harness.recordings.drift compares a live
+probe with one).
 
 A recording keeps the symbolic contracts (what conformance replays without vLLM) and the probe's raw
 observations (the shapes, stride orders and write landings that the contracts were read from), for audit.
 
-`python -m harness.fixtures table` prints the contract table across releases, backends and cache dtypes (markdown);
-`python -m harness.fixtures matrix` the same folded to release ranges x (backend, cache dtype);
-`python -m harness.fixtures api-changes` what a consumer can call, release by release (harness.api_history);
-`python -m harness.fixtures allocations` what each release allocates for a whole model, and what changed between
-releases (harness.allocations).
+`python -m harness.recordings.store table` prints the contract table across releases, backends and cache dtypes
+(markdown); `python -m harness.recordings.store matrix` the same folded to release ranges x (backend, cache dtype);
+`python -m harness.recordings.store api-changes` what a consumer can call, release by release
+(harness.recordings.api_history); `python -m harness.recordings.store allocations` what each release allocates for a
+whole model, and what changed between releases (harness.recordings.allocations).
 Recordings made before backends and cache dtypes were probed read as FLASH_ATTN model-dtype contracts (a contract
 without `cache_dtype` / `diff_kv` fields is `auto` / equal head dims), so they replay unchanged.
-`python -m harness.fixtures main-from 0.33.0` records `main` as a labelled copy of that release's probe: the
+`python -m harness.recordings.store main-from 0.33.0` records `main` as a labelled copy of that release's probe: the
 nightly index cannot be reached where the fixtures are recorded, so main's recording is the newest release's,
 and the nightly lane's live probe + drift check is what tells whether main moved on.
 """
@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import allocations, api_history
-from harness.api_history import ROOT, releases  # where the recordings lie: the report reads them without torch
 from harness.contract import ALIASES, CACHE_DTYPES, Contract, ContractError
+from harness.recordings import allocations, api_history
 
+# Where the recordings lie: the report reads them without torch.
+from harness.recordings.api_history import ROOT, releases
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["main-from"] and len(argv) == 2:
         print(f"recorded main as a copy of {main_from(argv[1]).observations['copied_from']}")
         return 0
-    print("usage: python -m harness.fixtures table | matrix | api-changes | allocations | main-from RELEASE",
+    print("usage: python -m harness.recordings.store table | matrix | api-changes | allocations | main-from RELEASE",
           file=sys.stderr)
     return 2
 

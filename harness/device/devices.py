@@ -44,7 +44,7 @@ def prepare_triton() -> None:
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("TRITON_CACHE_DIR", str(Path.home() / ".cache" / "kvconform" / "triton"))
-    from harness.compiles import MANAGER  # after TRITON_INTERPRET: it imports triton
+    from harness.device.compiles import MANAGER  # after TRITON_INTERPRET: it imports triton
 
     os.environ.setdefault("TRITON_CACHE_MANAGER", MANAGER)
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -117,8 +117,8 @@ def numpy_types_kept() -> None:
     """Triton's interpreter looking up the numpy type of a Triton type in one table. It builds its table of 18 numpy
     types again at each lookup, and most interpreted ops look one up. Left as it is where the interpreter is not
     built this way."""
-    from triton.runtime import interpreter
     import triton.language as tl
+    from triton.runtime import interpreter
 
     lookup = getattr(interpreter, "_get_np_dtype", None)
     if lookup is None or getattr(lookup, "kept", False):

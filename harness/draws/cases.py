@@ -3,7 +3,7 @@
 Each sequence attends from its q_len queries to its kv_len keys; the queries are the last q_len positions of
 the KV span (prefill: q_len == kv_len; chunked prefill / prefix hit: q_len < kv_len; decode: q_len == 1).
 Token tensors are concatenated over sequences: q [total_q, num_heads, D], k and v [total_kv, kv_heads, D]
-(v [total_kv, kv_heads, Dv] where V has its own head dim, harness.strategies.Example).
+(v [total_kv, kv_heads, Dv] where V has its own head dim, harness.draws.strategies.Example).
 """
 
 from __future__ import annotations

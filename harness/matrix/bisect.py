@@ -1,4 +1,4 @@
-"""The first vLLM build where a chosen check turns red for a subject: `python -m harness.bisect GOOD BAD
+"""The first vLLM build where a chosen check turns red for a subject: `python -m harness.matrix.bisect GOOD BAD
 [--commits FILE] [--index WHERE] [--package REQ] [pytest options]`, from a host project's folder with kvconform
 installed there, or `nox -s bisect -- GOOD BAD ...` in a kvconform checkout.
 
@@ -41,9 +41,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from harness import build, matrix
+from harness import matrix
+from harness.matrix import build
 
-ROOT = Path(__file__).resolve().parent.parent  # the checkout, or the site-packages kvconform is installed in
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, or the site-packages kvconform is installed in
 SEED = 0  # --hypothesis-seed of every build's run unless its pytest options name one
 GREEN, RED, SKIPPED = "green", "red", "skipped"
 # pytest's exit statuses other than 0 (all passed) and 1 (some failed): none of them is a verdict on the build.
@@ -53,7 +54,7 @@ C = TypeVar("C")
 
 
 @dataclass(frozen=True)
-class Verdict:
+class BuildVerdict:
     """What trying one build said: green, red or skipped (no verdict), why, the vLLM build installed, and seconds."""
 
     word: str
@@ -67,7 +68,7 @@ class Bisection(Generic[C]):
     """A finished search: every build tried with its verdict in the order tried, the last green build, the earliest
     red one, and the builds between those two, all skipped, that leave open which of them is the first red."""
 
-    tried: tuple[tuple[C, Verdict], ...]
+    tried: tuple[tuple[C, BuildVerdict], ...]
     last_green: C
     earliest_red: C
     unresolved: tuple[C, ...] = ()
@@ -81,18 +82,18 @@ class Bisection(Generic[C]):
 class EndNotAsSaid(ValueError):
     """GOOD is not green, or BAD is not red; `tried` holds the builds tried before the search stopped."""
 
-    def __init__(self, message: str, tried: tuple[tuple[object, Verdict], ...]):
+    def __init__(self, message: str, tried: tuple[tuple[object, BuildVerdict], ...]):
         super().__init__(message)
         self.tried = tried
 
 
-def bisect(candidates: Sequence[C], verdict: Callable[[C], Verdict]) -> Bisection[C]:
+def bisect(candidates: Sequence[C], verdict: Callable[[C], BuildVerdict]) -> Bisection[C]:
     """The first red of `candidates` (GOOD first, BAD last, in build order), asking `verdict` of as few as a binary
     search needs: GOOD must be green and BAD red (EndNotAsSaid otherwise, GOOD asked first); a skipped build makes it
     ask the untried build nearest the middle of the range left instead."""
     if len(candidates) < 2:
         raise ValueError(f"bisecting needs a GOOD build and a later BAD one, got {len(candidates)} build(s)")
-    tried: list[tuple[C, Verdict]] = []
+    tried: list[tuple[C, BuildVerdict]] = []
 
     def word(i: int) -> str:
         tried.append((candidates[i], verdict(candidates[i])))
@@ -127,7 +128,7 @@ class Candidate:
     requirements: tuple[str, ...]  # the uv pip install arguments that install its vLLM (pins and index options)
     python: str  # the interpreter its venv is made from; "" where none on PATH is in its range
     python_range: str
-    index: str  # where its vLLM comes from (its result lines name it: harness.build)
+    index: str  # where its vLLM comes from (its result lines name it: harness.matrix.build)
     per_commit: bool = False  # `index` is the commit's own, looked at for a wheel before installing
 
     def __str__(self) -> str:
@@ -213,7 +214,7 @@ def wheel_missing(index: str) -> str:
 
 
 @dataclass(frozen=True)
-class Trial:
+class Tryout:
     """How each build is tried: what is installed beside its vLLM, the pytest arguments for it (given the build and
     its folder for logs and results), where venvs, logs and the run's working directory are, and whether the run
     must say it probed the installed vLLM live (kvconform's summary line `kvconform NAME (live) ...`)."""
@@ -226,8 +227,8 @@ class Trial:
     live: bool = False
 
 
-# Run in the build's venv: its vLLM as harness.build reads it (this kvconform's file, loaded alone: a venv of a test
-# need not hold kvconform, and the folder that holds harness may hold another vLLM), then `import vllm`, which must
+# Run in the build's venv: its vLLM as harness.matrix.build reads it (this kvconform's file, loaded alone: a venv of a
+# test need not hold kvconform, and the folder that holds harness may hold another vLLM), then `import vllm`, which must
 # work for the run to probe it live rather than fail on it.
 _BUILD = """import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("kvconform_build", {file!r})
@@ -239,14 +240,14 @@ import vllm
 """
 
 
-def verdict_of(c: Candidate, trial: Trial) -> Verdict:
+def verdict_of(c: Candidate, trial: Tryout) -> BuildVerdict:
     """Install `c` into a fresh venv (uv, its cache) with `trial.install`, run pytest there with `trial.pytest_args`,
     and remove the venv: exit status 0 green, 1 red, anything else (or anything failing before it) skipped, why
     said, the logs in `trial.logs / c.name`."""
     start = time.perf_counter()
 
-    def verdict(word: str, why: str, installed: str = "") -> Verdict:
-        return Verdict(word, why, installed, round(time.perf_counter() - start, 1))
+    def verdict(word: str, why: str, installed: str = "") -> BuildVerdict:
+        return BuildVerdict(word, why, installed, round(time.perf_counter() - start, 1))
 
     if not c.python:
         return verdict(SKIPPED, f"no python in {c.python_range} on PATH (matrix.toml's range for {c.release})")
@@ -313,17 +314,17 @@ def _remove(path: Path) -> None:
     subprocess.run(["rm", "-rf", str(path)], check=True)
 
 
-def tried_line(c: object, v: Verdict) -> str:
+def tried_line(c: object, v: BuildVerdict) -> str:
     """One build tried: its name, the vLLM build installed where known, the verdict, the seconds, and why."""
     why = f": {v.why}" if v.why and v.word == SKIPPED else ""
     return f"{c}{f' ({v.build})' if v.build else ''}: {v.word} in {v.seconds:.1f} s{why}"
 
 
-def bisection(candidates: Sequence[Candidate], trial: Trial) -> Bisection[Candidate] | EndNotAsSaid:
+def bisection(candidates: Sequence[Candidate], trial: Tryout) -> Bisection[Candidate] | EndNotAsSaid:
     """`bisect` over `candidates`, each build tried by `verdict_of` with `trial`, a line printed per build as it goes;
     the search's end, or why it stopped at GOOD or BAD."""
 
-    def verdict(c: Candidate) -> Verdict:
+    def verdict(c: Candidate) -> BuildVerdict:
         print(f"bisect: trying {c} ...", flush=True)
         v = verdict_of(c, trial)
         print(f"bisect: {tried_line(c, v)}", flush=True)
@@ -365,7 +366,7 @@ def parsed(argv: Sequence[str], where: Path) -> tuple[argparse.Namespace, list[s
     """The command line: GOOD, BAD and bisect's own options, then the pytest options, in their order. --package
     defaults to `.` where `where` (the folder it runs in) holds a project other than kvconform's checkout."""
     ap = argparse.ArgumentParser(
-        prog="python -m harness.bisect", allow_abbrev=False,  # pytest's --co must not read as --commits
+        prog="python -m harness.matrix.bisect", allow_abbrev=False,  # pytest's --co must not read as --commits
         description="The first vLLM build where a check turns red for a subject; options it does not know go to "
                     "pytest (e.g. --kvconform-subject=mod:Class -k split_agrees).")
     ap.add_argument("good", metavar="GOOD", help="a green release (with --commits: a green commit of FILE)")
@@ -410,8 +411,8 @@ def kvconform_requirement() -> tuple[str, ...]:
     return (f"kvconform @ {url}",)
 
 
-def suites_trial(pytest_args: Sequence[str], packages: Sequence[str], where: Path) -> Trial:
-    """The trial of `python -m harness.bisect` run in folder `where`: kvconform, pytest-xdist (the suites' GPU
+def suites_trial(pytest_args: Sequence[str], packages: Sequence[str], where: Path) -> Tryout:
+    """The trial of `python -m harness.matrix.bisect` run in folder `where`: kvconform, pytest-xdist (the suites' GPU
     workers) and `packages` beside each build's vLLM, the suites run live from `where` at the fixed seed unless
     `pytest_args` name one, each build's results and logs in `where`/results/bisect/<build>/."""
     seed = [] if any(a.startswith("--hypothesis-seed") for a in pytest_args) else [f"--hypothesis-seed={SEED}"]
@@ -421,7 +422,7 @@ def suites_trial(pytest_args: Sequence[str], packages: Sequence[str], where: Pat
                 f"--kvconform-results-dir={out}", *seed, *pytest_args]
 
     venvs = Path(os.environ.get("KVCONFORM_VENVS", where / ".nox" / "vllm"))
-    return Trial((*kvconform_requirement(), "pytest-xdist>=3.5", *packages), args, venvs,
+    return Tryout((*kvconform_requirement(), "pytest-xdist>=3.5", *packages), args, venvs,
                  where / "results" / "bisect", where, live=True)
 
 

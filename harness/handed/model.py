@@ -4,7 +4,7 @@ strides and offset, and which kernel blocks (the blocks of a layer's view) make 
 scheduler's block, which the block ids a KV connector gets count).
 
 The model-transfer check (harness.checks.model_transfer) hands a subject what `register_kv_caches` receives,
-the layers' views by name, with a layer value for each (harness.layer.Layer, whose `block_size` is the kernel
+the layers' views by name, with a layer value for each (harness.handed.layer.Layer, whose `block_size` is the kernel
 block's and `manager_block_size` the manager block's), then manager block ids. Only attention layers holding K
 and V are handed: a Mamba layer's states and latent or indexer caches are not K/V. Their bytes still count: a move
 leaves every byte outside the moved kernel blocks of the handed layers as it was, where groups overlay each other
@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
-from harness import allocations, vllm_api
+from harness import vllm_api
 from harness.contract import Contract, ContractError, Dims, views
-from harness.layer import Layer, layer_for
+from harness.handed.layer import Layer, layer_for
 from harness.probe.models import HEAD_DIM, HEADS, MODELS
 from harness.probe.observe import MODEL_DTYPE
+from harness.recordings import allocations
 
 POISON = -1  # the byte a fresh allocation holds: 0xFF, NaN in every float view of it
 

@@ -5,10 +5,10 @@ as GitHub error annotations, `track` keeps one tracking issue per title through 
 while red, closed when green), `previous` downloads the report of the caller's last scheduled run (what the report
 folds `--since`: each cell's history and the last builds that passed carry on from night to night).
 
-    python -m harness.workflow plan default|all|main|0.25.1,0.33.0 [--capabilities connector]
-    python -m harness.workflow previous --dir previous
-    python -m harness.workflow annotate results/report.json
-    python -m harness.workflow track results/report.json --title TITLE [--label kvconform]
+    python -m harness.matrix.workflow plan default|all|main|0.25.1,0.33.0 [--capabilities connector]
+    python -m harness.matrix.workflow previous --dir previous
+    python -m harness.matrix.workflow annotate results/report.json
+    python -m harness.matrix.workflow track results/report.json --title TITLE [--label kvconform]
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from harness import allocations, api_history, checks, matrix
+from harness import checks, matrix
+from harness.recordings import allocations, api_history
 
 ANNOTATIONS = 10  # GitHub shows at most 10 error annotations of one step; later ones are dropped silently
 BODY_LIMIT = 60_000  # GitHub refuses an issue or comment body over 65,536 characters
@@ -66,8 +67,8 @@ def taken(capabilities: frozenset[str]) -> tuple[checks.Check, ...]:
 
 def checked(release: str, taken: tuple[checks.Check, ...], recordings: Path = api_history.ROOT) -> bool:
     """Whether one of the checks `taken` has something checked at recorded `release`, as its recording tells: a
-    check of whole models takes only releases whose whole-model allocation the probe read (harness.allocations),
-    every other check each recorded release."""
+    check of whole models takes only releases whose whole-model allocation the probe read
+    (harness.recordings.allocations), every other check each recorded release."""
     if any(not c.models for c in taken):
         return True
     return allocations.read(api_history.recorded(release, recordings)) is not None
@@ -196,7 +197,7 @@ def loaded(path: Path) -> dict:
 
 def main(argv: list[str]) -> int:
     """Run one step; the exit status (2: an unknown release, a report it cannot read, or a gh call that failed)."""
-    parser = argparse.ArgumentParser(prog="python -m harness.workflow", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.matrix.workflow", description=__doc__.splitlines()[0])
     steps = parser.add_subparsers(dest="step", required=True)
     planning = steps.add_parser("plan")
     planning.add_argument("selection", help="default, all, main, or a comma list such as 0.25.1,0.33.0")
@@ -223,7 +224,7 @@ def main(argv: list[str]) -> int:
         else:
             print(track(loaded(args.report), args.title, args.label, run_url(os.environ)))
     except (ValueError, RuntimeError) as e:
-        print(f"python -m harness.workflow {args.step}: {e}", file=sys.stderr)
+        print(f"python -m harness.matrix.workflow {args.step}: {e}", file=sys.stderr)
         return 2
     return 0
 

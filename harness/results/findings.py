@@ -18,8 +18,8 @@ The id of an entry is `<subject>#<n>`, n counting entries from 1 in file order.
 Known performance findings (the performance lane, harness.performance; never a conformance outcome) sit in the same
 file: a paged / dense ratio beyond the band and the threshold that such an entry covers is known, not new.
 
-    performance_threshold = 1.10  # optional (default harness.timings.THRESHOLD): the ratio beyond which a cell is slower
-    [[performance]]
+    performance_threshold = 1.10  # optional (default harness.results.timings.THRESHOLD): the ratio beyond which a cell
+    is slower [[performance]]
     releases = "*"            # as above
     geometry = "*"            # as above
     workload = "prefill *"    # glob over harness.performance.WORKLOADS names
@@ -34,15 +34,15 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from importlib import resources
 from fnmatch import fnmatchcase
+from importlib import resources
 from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.results import OUTCOMES
-from harness.timings import THRESHOLD
+from harness.results.timings import THRESHOLD
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -162,7 +162,7 @@ def load(subject: str, directory: Path = DIRECTORY) -> tuple[Finding, ...]:
 
 
 def load_performance(subject: str, directory: Path = DIRECTORY) -> KnownPerformance:
-    """The performance threshold (`performance_threshold`, else harness.timings.THRESHOLD) and known performance
+    """The performance threshold (`performance_threshold`, else harness.results.timings.THRESHOLD) and known performance
     findings of `subject`. A malformed file raises FindingsError."""
     path, table = _table(subject, directory)
     threshold = table.get("performance_threshold", THRESHOLD)

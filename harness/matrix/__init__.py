@@ -28,15 +28,16 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from harness import build
+from harness.matrix import build
 
 if TYPE_CHECKING:
     from packaging.specifiers import SpecifierSet
 
 # The repository root's in a checkout (or a copy of one); the package's own where none lies beside harness (an
 # installed kvconform).
-_ROOT_FILE = Path(__file__).resolve().parent.parent / "matrix.toml"
-PATH = _ROOT_FILE if _ROOT_FILE.is_file() else Path(__file__).resolve().parent / "matrix.toml"
+_HARNESS = Path(__file__).resolve().parent.parent
+_ROOT_FILE = _HARNESS.parent / "matrix.toml"
+PATH = _ROOT_FILE if _ROOT_FILE.is_file() else _HARNESS / "matrix.toml"
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,7 @@ def commit_wheels(path: Path = PATH) -> str:
 
 def vllm_index(r: Release) -> str:
     """Where release `r`'s vLLM is installed from: the nightly index for main, else uv's default index (the index
-    its result lines name, harness.build)."""
+    its result lines name, harness.matrix.build)."""
     return build.index_of(nightly_index() if r.nightly else None)
 
 
@@ -276,7 +277,7 @@ def main(argv: list[str]) -> int:
                       help="print what `uv pip install` needs for release NAME, one argument a line: its requirements "
                            "(vLLM and pins; main adds its nightly index options)")
     what.add_argument("--index", metavar="NAME", help="print where release NAME's vLLM is installed from (the "
-                                                      "index its result lines name: harness.build)")
+                                                      "index its result lines name: harness.matrix.build)")
     ap.add_argument("--default", action="store_true", help="with --json: only the default subset")
     args = ap.parse_args(argv)
     try:
@@ -301,6 +302,3 @@ def main(argv: list[str]) -> int:
         return 2
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

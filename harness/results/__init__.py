@@ -50,8 +50,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from harness import checks
-from harness.build import Build
-
+from harness.matrix.build import Build
 
 
 class Word(str, Enum):
@@ -97,7 +96,7 @@ class Result:
     time: str = ""  # when it happened (UTC, ISO 8601; stamped when written unless set)
     release: str
     source: str  # "live" (probed from the installed vLLM), "replay" (recorded fixture), or "install"
-    build: Build | None = None  # the vLLM build the contracts came from (harness.build); None for an install-error
+    build: Build | None = None  # the vLLM build the contracts came from (harness.matrix.build); none: install-error
     subject: str
     check: str  # a harness.checks name
     outcome: Word
@@ -262,6 +261,3 @@ def main(argv: list[str]) -> int:
     print(install_error(args.dir, args.release, args.reason))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -9,7 +9,7 @@ under ci away); generated: find without the explicit examples, so that what the 
 counted (benchmarks/kill_power.py; the explicit examples catch most planted bugs by themselves); gpu: one H200, >=
 2,000 examples per release; nightly: more. No deadline in any: an example's time is never a verdict (a first
 compile, a cold cache or a loaded host slows one down with nothing wrong); a hang ends at the per-item limit instead
-(harness.limits, --kvconform-timeout).
+(harness.device.limits, --kvconform-timeout).
 """
 
 from __future__ import annotations

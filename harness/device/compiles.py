@@ -5,14 +5,15 @@ A Triton compile costs seconds of CPU; a load from the disk cache costs millisec
 own cache layer (`TRITON_CACHE_MANAGER` names `CountingCacheManager`): a compiled kernel is stored as one group of
 files (`put_group`), a cached one is found as that group (`get_group`), so the two counts are exact whatever
 decides to compile. The warm-up runs a subject's paged and dense forwards over small cases that span every
-compile-time choice (`harness.strategies.warmup_shards`) in one geometry per K/V element type the session's caches
+compile-time choice (`harness.draws.strategies.warmup_shards`) in one geometry per K/V element type the session's caches
 hand the kernels (`forwards`: what the forward checks launch), spread over processes, one shard and geometry per
 process: Triton compiles one kernel at a time per process, so processes are how compiles run in parallel. A session
 runs it behind the checks that launch no kernel (`harness.run.warmup.behind`); kernel items wait for its end
 (`await_warmup`), so that their examples only load kernels.
-`launch_key` says what one launch compiles, read from its arguments as Triton's specialisation reads them. A warm-up that ended
-without errors leaves a marker in the Triton cache named by its fingerprint; a later one with the same fingerprint
-has nothing to build and is skipped (whatever is missing after all is compiled by the examples, and counted).
+`launch_key` says what one launch compiles, read from its arguments as Triton's specialisation reads them. A warm-up
+that ended without errors leaves a marker in the Triton cache named by its fingerprint; a later one with the same
+fingerprint has nothing to build and is skipped (whatever is missing after all is compiled by the examples, and
+counted).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ import torch
 import triton
 from triton.runtime.cache import FileCacheManager
 
-from harness.cache import Paging, filled, paging
-from harness.cases import Case
 from harness.contract import Contract, Dims, views
+from harness.draws.cases import Case
+from harness.handed.cache import Paging, filled, paging
 
 MANAGER = f"{__name__}:CountingCacheManager"
 _counts = {"compiled": 0, "loaded": 0}
@@ -94,8 +95,9 @@ class Warmup:
 
 def fingerprint(subject: object, case_shards: list[list[Case]], contracts: list[Contract], devices: list[str]) -> str:
     """What a warm-up builds depends on: the subject's module source and version (if it has one), the cases, the
-    geometries' cache dtypes, the kinds of device (not how many), Triton and torch. A kernel changed outside the subject's module without a version change is not
-    seen: its variants are then compiled by the examples, and counted."""
+    geometries' cache dtypes, the kinds of device (not how many), Triton and torch. A kernel changed outside the
+    subject's module without a version change is not seen: its variants are then compiled by the examples, and
+    counted."""
     module = inspect.getmodule(type(subject))
     parts = [type(subject).__qualname__, inspect.getsource(module) if module else "", str(getattr(subject, "version", "")),
              repr(case_shards), *(c.cache_dtype for c in contracts), triton.__version__, torch.__version__,

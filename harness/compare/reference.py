@@ -56,7 +56,7 @@ path the bound allows.
 - Soundness. A non-boundary decision cannot flip (the computed comparison has the exact margin's sign), so the
   kernel's decision sequence is one of the paths (the set may hold more, which only widens the envelope near a
   boundary). On its own path the kernel's output is within the rounding tolerance of that path's float64 output
-  (conformance/test_oracle.py's tolerance argument holds for fixed decisions), so it lies within
+  (harness.checks.oracle's tolerance argument holds for fixed decisions), so it lies within
   [min over paths - tol, max over paths + tol] elementwise. A partial row's paths are a subset of the set: inside
   their envelope is inside the full one; outside it cannot be judged.
 Memory: one (sequence, kv head) at a time, in blocks of whole units of about CHUNK_BYTES of working set.
@@ -70,7 +70,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from harness.cases import Case
+from harness.draws.cases import Case
 from harness.subjects import SparsitySemantics, TileConfig
 
 LOG2E = 1.4426950408889634

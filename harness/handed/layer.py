@@ -21,9 +21,9 @@ import torch
 
 from harness.backends import BACKENDS, LAYOUT_ENV, LAYOUT_VALUES, backend_named, layout_env
 from harness.contract import Contract, ContractError, Dims, views
-from harness.fixtures import Recording
 from harness.probe.era_stride import asked_shape
 from harness.probe.observe import axes, patched
+from harness.recordings.store import Recording
 from harness.vllm_api import replaying
 
 ENUM_AXES = ("L", "B", "H", "N", "C")  # the axes KVCacheLayout's member names and stride orders spell

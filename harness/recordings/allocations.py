@@ -2,7 +2,7 @@
 fixtures/contracts/<release>.json, written by harness.probe.allocation): one readable cell per release and model,
 what changed between consecutive releases, and the drift between a recording and a live probe.
 
-Standard library only, the recordings read as plain JSON. `python -m harness.fixtures allocations` prints the
+Standard library only, the recordings read as plain JSON. `python -m harness.recordings.store allocations` prints the
 tables of docs/releases.md.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.api_history import ROOT, recorded, releases
+from harness.recordings.api_history import ROOT, recorded, releases
 
 UNCOMPARED = ("about",)  # kvconform's words for a model, not the release's answer
 READERS = ("planner", "allocator", "layers_get")  # which of the release's functions planned, allocated, bound

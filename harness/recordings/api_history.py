@@ -12,7 +12,7 @@ other public names of a module (every import it holds), and the recorded answers
 (docs/contracts.md). A recording without the field (recorded before the probe kept it) is compared with nothing.
 
 Standard library only, the recordings read as plain JSON: the report (harness.report) lists these changes without
-torch. `python -m harness.fixtures api-changes` prints them as the table of docs/releases.md.
+torch. `python -m harness.recordings.store api-changes` prints them as the table of docs/releases.md.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def api(release: str, root: Path = ROOT) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
-class Change:
+class ApiChange:
     """One name a consumer calls that changed: a module's layout name (its full path), a module ("module PATH"), a
     backend ("backend NAME"), or a member of `backends` (the backends it changed alike in)."""
 
@@ -73,7 +73,7 @@ class Step:
 
     release: str
     before: str
-    changes: tuple[Change, ...]
+    changes: tuple[ApiChange, ...]
     backends: tuple[str, ...] = ()
 
 
@@ -198,15 +198,15 @@ def _names(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def step(before: str, release: str, a: dict[str, Any], b: dict[str, Any]) -> Step:
     """What changed from `before`'s `api` field `a` to `release`'s `b`: modules and their layout names, then backends
     and their members (a member that changed alike in several backends is one change naming them)."""
-    out: list[Change] = []
+    out: list[ApiChange] = []
     for m in [*a["modules"], *(m for m in b["modules"] if m not in a["modules"])]:
         x, y = a["modules"].get(m), b["modules"].get(m)
         if (x is None) != (y is None):
-            out.append(Change(GONE if y is None else NEW, f"module {m}"))
+            out.append(ApiChange(GONE if y is None else NEW, f"module {m}"))
     names_a, names_b = _names(a["modules"]), _names(b["modules"])
-    out += [Change(GONE, n) for n in names_a if n not in names_b]
-    out += [Change(NEW, n) for n in names_b if n not in names_a]
-    out += [Change(changed[0], n, (), changed[1]) for n in names_a if n in names_b
+    out += [ApiChange(GONE, n) for n in names_a if n not in names_b]
+    out += [ApiChange(NEW, n) for n in names_b if n not in names_a]
+    out += [ApiChange(changed[0], n, (), changed[1]) for n in names_a if n in names_b
             if (changed := member_changes(names_a[n], names_b[n]))]
     order = [*b["backends"], *(n for n in a["backends"] if n not in b["backends"])]
     both: list[str] = []
@@ -214,12 +214,12 @@ def step(before: str, release: str, a: dict[str, Any], b: dict[str, Any]) -> Ste
     for name in order:
         x, y = a["backends"].get(name, {}), b["backends"].get(name, {})
         if bool(x.get("present")) != bool(y.get("present")):
-            out.append(Change(NEW if y.get("present") else GONE, f"backend {name}"))
+            out.append(ApiChange(NEW if y.get("present") else GONE, f"backend {name}"))
             continue
         if not x.get("present"):
             continue
         if "error" in x or "error" in y:
-            out.append(Change(UNREAD, f"backend {name}", (), (y if "error" in y else x)["error"]))
+            out.append(ApiChange(UNREAD, f"backend {name}", (), (y if "error" in y else x)["error"]))
             continue
         both.append(name)
         ma, mb = x["members"], y["members"]
@@ -228,7 +228,7 @@ def step(before: str, release: str, a: dict[str, Any], b: dict[str, Any]) -> Ste
                 by[(GONE if n not in mb else NEW, n, "")].append(name)
             elif changed := member_changes(ma[n], mb[n]):
                 by[(changed[0], n, changed[1])].append(name)
-    out += [Change(kind, n, tuple(bs), d) for (kind, n, d), bs in by.items()]
+    out += [ApiChange(kind, n, tuple(bs), d) for (kind, n, d), bs in by.items()]
     return Step(release, before, tuple(out), tuple(both))
 
 
@@ -246,7 +246,7 @@ def history(root: Path = ROOT, among: list[str] | None = None) -> list[Step]:
     return out
 
 
-def _item(c: Change) -> str:
+def _item(c: ApiChange) -> str:
     name = f"{c.backends[0]}.{c.name}" if len(c.backends) == 1 else c.name
     return f"{name} {c.detail}" if c.detail and c.kind != UNREAD else name + (f" ({c.detail})" if c.detail else "")
 
