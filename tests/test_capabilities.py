@@ -81,7 +81,7 @@ def test_a_correct_consumer_is_green_and_gets_no_forward_check(host):
     assert all(r["geometry"] == "*" and "declares split" in r["diagnosis"] for r in na)
     assert {r["outcome"] for r in rows if r["check"] in FORWARD_CHECKS} == {"not-applicable"}
     data = report_data(results.read(host.path / "results"))
-    assert data["verdict"].startswith("GREEN") and not data["new_findings"]
+    assert data.verdict.startswith("GREEN") and not data.new_findings
     assert "∅" in report_md(data) and cells.mark("not-applicable") is not cells.mark("unsupported")
 
 

@@ -10,18 +10,20 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from dataclasses import asdict
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from harness import report, results
 from harness.matrix.build import PYPI, Build
-from harness.report import cells, sections
+from harness.report import cells, schema, sections
 from harness.report.__main__ import main
 from harness.report.fold import report_data, span
 from harness.report.html import report_html
 from harness.report.markdown import report_md
+from harness.report.schema import ApiRelease, Provenance, RunLines, Unsupported
+from harness.recordings.api_history import ApiChange
 from harness.results import OUTCOMES, PASSING, Result
 
 
@@ -69,34 +71,34 @@ def matrix_rows(md: str, subject: str = "builtin") -> dict[str, list[str]]:
 
 def test_matrix_keeps_every_outcome_word_apart(tmp_path):
     data = fold(build(tmp_path))
-    assert data["releases"] == ["0.8.5.post1", "0.9.2", "0.30.0", "main"]
-    cell = data["matrix"]["builtin"]["0.9.2"]["blocks-first:B.KV.N.H.D"]
+    assert data.releases == ("0.8.5.post1", "0.9.2", "0.30.0", "main")
+    cell = data.matrix["builtin"]["0.9.2"]["blocks-first:B.KV.N.H.D"]
     assert cell == {"differs": 1, "unsupported": 1, "bit-identical": 1}  # worst first
-    cell = data["matrix"]["builtin"]["0.30.0"]["kv-first:KV.B.N.H.D"]
+    cell = data.matrix["builtin"]["0.30.0"]["kv-first:KV.B.N.H.D"]
     assert cell == {"harness-error": 1, "contract-error [known]": 1, "stale": 1}
-    assert data["matrix"]["builtin"]["0.8.5.post1"]["*"] == {"install-error": 1}
-    assert data["matrix"]["builtin"]["main"]["packed:B.H.N.C"] == {"skipped": 1}
-    assert data["checks"]["builtin"]["0.30.0"]["bit-identity"] == {"harness-error": 1, "contract-error [known]": 1}
+    assert data.matrix["builtin"]["0.8.5.post1"]["*"] == {"install-error": 1}
+    assert data.matrix["builtin"]["main"]["packed:B.H.N.C"] == {"skipped": 1}
+    assert data.checks["builtin"]["0.30.0"]["bit-identity"] == {"harness-error": 1, "contract-error [known]": 1}
 
 
 def test_new_known_and_stale_findings_are_listed_apart(tmp_path):
     data = fold(build(tmp_path))
-    assert sorted(r["outcome"] for r in data["new_findings"]) == ["differs", "harness-error", "install-error"]
-    assert [k["id"] for k in data["known_findings"]] == ["builtin#1"]
-    assert [s["known"] for s in data["stale_findings"]] == ["builtin#2"]
-    assert data["unsupported"] == [{"subject": "builtin", "reason": "head_dim 80", "count": 1}]
+    assert sorted(r.outcome for r in data.new_findings) == ["differs", "harness-error", "install-error"]
+    assert [k.id for k in data.known_findings] == ["builtin#1"]
+    assert [s.known for s in data.stale_findings] == ["builtin#2"]
+    assert data.unsupported == (Unsupported("builtin", "head_dim 80", 1),)
 
 
 def test_verdict_counts_new_findings_and_their_releases(tmp_path):
-    assert fold(build(tmp_path))["verdict"] == "RED: 3 new findings in 3 releases"
+    assert fold(build(tmp_path)).verdict == "RED: 3 new findings in 3 releases"
     root = tmp_path / "green"
     add(root, "0.33.0", "packed:B.H.N.C", "bit-identical")
     add(root, "0.33.0", "packed:B.H.N.C", "contract-error", known="builtin#1")  # known: reported, still green
     add(root, "0.33.0", "*", "stale", check="split-agrees", known="builtin#2")
     add(root, "0.28.0", "packed:B.H.N.C", "skipped", check="vllm-write")
-    assert fold(root)["verdict"] == "GREEN: no new findings in 1 release; nothing checked in 0.28.0 (only skipped)"
+    assert fold(root).verdict == "GREEN: no new findings in 1 release; nothing checked in 0.28.0 (only skipped)"
     add(root, "0.28.0", "packed:B.H.N.C", "accepted", check="rejects-malformed")
-    assert fold(root)["verdict"] == "RED: 1 new finding in 1 release"
+    assert fold(root).verdict == "RED: 1 new finding in 1 release"
 
 
 @pytest.mark.parametrize("counts, face, beside", [
@@ -126,9 +128,9 @@ def test_pass_over_total_per_cell_from_known_lines(tmp_path):
     data = fold(root)
     rows = matrix_rows(report_md(data))
     assert rows["0.25.1"] == ["·", "3/5 ◆1 ⊘1", "○1"] and rows["0.33.0"] == ["1/1", "·", "·"]
-    c = cells.cell(data["checks"]["builtin"]["0.25.1"]["bit-identity"])
+    c = cells.cell(data.checks["builtin"]["0.25.1"]["bit-identity"])
     assert (c.passed, c.total, c.red, c.tone) == (3, 5, False, "f6")
-    assert cells.cell(data["checks"]["builtin"]["0.33.0"]["rejects-malformed"]).tone == "f10"
+    assert cells.cell(data.checks["builtin"]["0.33.0"]["rejects-malformed"]).tone == "f10"
     dtypes = report_md(data).split("#### builtin: release × cache dtype")[1].splitlines()
     assert "| 0.25.1 | 3/4 ◆1 | ⊘1 |" in dtypes  # auto: the passes and the known finding; nvfp4: unsupported
 
@@ -140,7 +142,7 @@ def test_one_planted_failure_among_passes_makes_a_red_cell(tmp_path):
     add(root, "0.33.0", "packed:B.H.N.C", "differs", diagnosis="1 of 8 differ", repro="REPRO planted")
     add(root, "0.33.0", "packed:B.H.N.C", "bit-identical", check="determinism")
     data = fold(root)
-    c = cells.cell(data["checks"]["builtin"]["0.33.0"]["bit-identity"])
+    c = cells.cell(data.checks["builtin"]["0.33.0"]["bit-identity"])
     assert (c.face, c.red, c.tone) == ("99/100", True, "red")
     assert matrix_rows(report_md(data))["0.33.0"] == ["**99/100** **✗1**", "1/1"]
     tree = ET.fromstring(report_html(data))
@@ -214,7 +216,7 @@ def test_outcome_words_fit_the_check(tmp_path):
     add(root, "0.32.0", "*", "differs", check="drift", source="live", diagnosis="axes changed", repro="REPRO drift")
     add(root, "0.33.0", "packed:B.H.N.C", "bit-identical", check="split-agrees")
     data = fold(root)
-    assert data["checks"]["builtin"]["0.33.0"]["drift"] == {"bit-identical": 1}  # the stored word stays
+    assert data.checks["builtin"]["0.33.0"]["drift"] == {"bit-identical": 1}  # the stored word stays
     md = report_md(data)
     assert "- **✗ drift** · builtin · drift · 0.32.0 · whole release" in md
     details = md[md.index("## Details"):]
@@ -228,7 +230,7 @@ def test_html_is_well_formed_and_says_the_same(tmp_path):
     html, md = report_html(data), report_md(data)
     tree = ET.fromstring(html)  # well-formed: parses as XML, every tag closed, every '<' and '&' escaped
     text = " ".join(" ".join(e.itertext()) for e in tree.iter())
-    assert tree.find("head/title").text == f"kvconform: {data['verdict']}"
+    assert tree.find("head/title").text == f"kvconform: {data.verdict}"
     verdict = next(e for e in tree.iter("p") if "verdict" in e.get("class", ""))
     assert (verdict.text, verdict.get("class")) == ("RED: 4 new findings in 4 releases", "verdict red")
     broke = next(e for e in tree.iter("h2") if e.text.startswith("What broke"))
@@ -254,8 +256,8 @@ def test_command_writes_markdown_html_and_json(tmp_path):
     row = r"\| 0\.9\.2 \| replay, run r1 at \S+ \| · \| · \| \*\*1/3\*\* \*\*✗1\*\* ⊘1 \| · \|"
     assert re.search(row, md), md
     assert ET.fromstring((tmp_path / "out" / "report.html").read_text()).tag == "html"
-    data = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert data["releases"][0] == "0.8.5.post1" and data["verdict"].startswith("RED")
+    data = schema.read(tmp_path / "out" / "report.json")
+    assert data.releases[0] == "0.8.5.post1" and data.verdict.startswith("RED")
 
 
 def test_release_spans_follow_the_report_order():
@@ -274,8 +276,8 @@ def test_not_applicable_is_its_own_mark_never_a_pass_nor_a_finding(tmp_path):
     add(root, "0.25.1", "*", "not-applicable", check="bit-identity", diagnosis="declares split; needs forward")
     add(root, "0.25.1", "blocks-first:B.KV.N.H.D", "unsupported", check="transfer", diagnosis="fp8 only")
     data = fold(root)
-    assert data["verdict"].startswith("GREEN") and not data["new_findings"]
-    assert data["checks"]["builtin"]["0.25.1"]["bit-identity"] == {"not-applicable": 1}
+    assert data.verdict.startswith("GREEN") and not data.new_findings
+    assert data.checks["builtin"]["0.25.1"]["bit-identity"] == {"not-applicable": 1}
     assert cells.mark("not-applicable") not in (cells.PASS, cells.UNSUPPORTED, cells.SKIPPED)
     row = matrix_rows(report_md(data))["0.25.1"]
     assert row == ["1/1", "⊘1", "∅1"]  # split-agrees, transfer, bit-identity in the reader's order
@@ -288,7 +290,7 @@ def test_cache_dtypes_get_their_own_matrix_and_geometries_name_their_backends(tm
     add(root, "0.33.0", "packed:B.N.H.C@fp8_e4m3", "differs", diagnosis="1 of 8 differ", repro="REPRO fp8")
     add(root, "0.33.0", "head-slots:B.S.N.D@nvfp4", "unsupported", diagnosis="cache dtype nvfp4 not supported")
     data = report_data(results.read(merged(root)))
-    assert {d: dict(c) for d, c in data["cache_dtypes"]["builtin"]["0.33.0"].items()} == {
+    assert {d: dict(c) for d, c in data.cache_dtypes["builtin"]["0.33.0"].items()} == {
         "auto": {"bit-identical": 1}, "fp8_e4m3": {"differs": 1}, "nvfp4": {"unsupported": 1}}
     md = report_md(data)
     table = md[md.index("#### builtin: release × cache dtype"):].splitlines()
@@ -312,9 +314,9 @@ def test_the_report_names_the_run_each_release_comes_from(tmp_path):
                                 check="bit-identity", outcome="bit-identical", run="20261201T100000Z-bbbbbb",
                                 time="2026-12-01T10:02:03+00:00", build=WHEEL_0330), "w")
     data = fold(root)
-    assert [r["run"] for r in data["origins"]["builtin"]["0.25.1"]["runs"]] == ["20261201T090000Z-aaaaaa"]
-    assert data["origins"]["builtin"]["0.33.0"] == {"sources": ["live"], "builds": [asdict(WHEEL_0330)], "runs": [
-        {"run": "20261201T100000Z-bbbbbb", "time": "2026-12-01T10:02:03+00:00", "lines": 1}]}
+    assert [r.run for r in data.origins["builtin"]["0.25.1"].runs] == ["20261201T090000Z-aaaaaa"]
+    assert data.origins["builtin"]["0.33.0"] == Provenance(("live",), (WHEEL_0330,), (
+        RunLines("20261201T100000Z-bbbbbb", "2026-12-01T10:02:03+00:00", 1),))
     md = report_md(data)
     assert ("| 0.33.0 | live of vllm 0.33.0 (5f0c2b1de) vllm-0.33.0-cp38-abi3-linux_x86_64.whl from "
             "https://pypi.org/simple, run 20261201T100000Z-bbbbbb at 2026-12-01T10:02:03+00:00 |") in md, md
@@ -325,7 +327,7 @@ def test_a_timeout_is_an_error_in_the_report_never_a_pass(tmp_path):
     root = tmp_path / "results"
     add(root, "0.25.1", "g", "timeout", diagnosis="timeout: item ran past its limit of 600 s")
     data = fold(root)
-    assert data["verdict"].startswith("RED") and cells.mark("timeout") is cells.ERROR
+    assert data.verdict.startswith("RED") and cells.mark("timeout") is cells.ERROR
 
 
 def two_runs(tmp_path):
@@ -350,13 +352,14 @@ def test_since_lists_exactly_a_planted_new_failure_and_a_planted_fix(tmp_path):
     _, new = two_runs(tmp_path)
     old_json = tmp_path / "old-report" / "report.json"
     data = report_data(results.read(new), since=[old_json])
-    ch = data["changes"]
-    assert [(c["release"], c["check"], c["geometry"], c["backends"], c["before"], c["after"], c["repro"])
-            for c in ch["new_failures"]] == [
-        ("0.33.0", "bit-identity", "packed:B.H.N.C", ["FLASH_ATTN"], "pass", "fail", "REPRO bit-identity 0.33.0")]
-    assert [(c["release"], c["check"], c["geometry"], c["before"], c["after"]) for c in ch["fixes"]] == [
+    ch = data.changes
+    assert [(c.release, c.check, c.geometry, c.backends, c.before, c.after, c.repro)
+            for c in ch.new_failures] == [
+        ("0.33.0", "bit-identity", "packed:B.H.N.C", ("FLASH_ATTN",), "pass", "fail", "REPRO bit-identity 0.33.0")]
+    assert [(c.release, c.check, c.geometry, c.before, c.after) for c in ch.fixes] == [
         ("0.25.1", "determinism", "blocks-first:B.KV.N.H.D", "fail", "pass")]
-    assert not any(ch[k] for k in ch if k not in ("since", "since_verdict", "new_failures", "fixes"))
+    assert not any(getattr(ch, f.name) for f in fields(ch) if f.name not in ("since", "since_verdict", "new_failures",
+                                                                             "fixes"))
     # First on the page, right under the verdict and the runs it folded, in markdown and HTML alike.
     md = report_md(data)
     assert md.split("\n## ")[1].startswith("Runs folded (1)")
@@ -385,12 +388,12 @@ def test_since_names_appeared_and_vanished_geometries_and_backends_and_gone_stal
     add(new, "0.33.0", "packed:B.N.H.C", "bit-identical", backends=("FLASH_ATTN",))
     add(new, "0.33.0", "*", "stale", check="split-agrees", known="builtin#2")
     assert main([str(merged(old)), "--out", str(tmp_path / "o")]) == 0
-    ch = report_data(results.read(merged(new)), since=[tmp_path / "o" / "report.json"])["changes"]
-    assert ch["releases_vanished"] == ["0.32.0"] and not ch["releases_appeared"]
-    assert [(p["release"], p["name"]) for p in ch["geometries_appeared"]] == [("0.33.0", "packed:B.N.H.C")]
-    assert [(p["release"], p["name"]) for p in ch["backends_vanished"]] == [("0.33.0", "XFORMERS")]
-    assert [p["name"] for p in ch["gone_stale"]] == ["builtin#2 (split-agrees)"]
-    assert not ch["new_failures"] and not ch["fixes"] and not ch["geometries_vanished"]
+    ch = report_data(results.read(merged(new)), since=[tmp_path / "o" / "report.json"]).changes
+    assert ch.releases_vanished == ("0.32.0",) and not ch.releases_appeared
+    assert [(p.release, p.name) for p in ch.geometries_appeared] == [("0.33.0", "packed:B.N.H.C")]
+    assert [(p.release, p.name) for p in ch.backends_vanished] == [("0.33.0", "XFORMERS")]
+    assert [p.name for p in ch.gone_stale] == ["builtin#2 (split-agrees)"]
+    assert not ch.new_failures and not ch.fixes and not ch.geometries_vanished
 
 
 UNEXERCISED_SAID = ("known finding builtin#3 (differs: reads the scale as data) not exercised, none of its examples "
@@ -412,19 +415,19 @@ def test_unexercised_findings_are_counted_in_the_verdict_and_listed_in_their_own
     root = tmp_path / "results"
     data = fold(unexercised_run(root, ("0.32.0", "0.33.0")))
     # Never red, never a plain GREEN: the count says a known finding was not checked; one finding in two releases.
-    assert data["verdict"] == "GREEN: no new findings in 2 releases; 1 unexercised known finding"
-    assert [(u["known"], u["release"]) for u in data["unexercised_findings"]] == [("builtin#3", "0.32.0"),
+    assert data.verdict == "GREEN: no new findings in 2 releases; 1 unexercised known finding"
+    assert [(u.known, u.release) for u in data.unexercised_findings] == [("builtin#3", "0.32.0"),
                                                                                  ("builtin#3", "0.33.0")]
-    assert not data["new_findings"] and not data["known_findings"] and not data["stale_findings"]
+    assert not data.new_findings and not data.known_findings and not data.stale_findings
     # No check's outcome: counted in its cell under its own mark, no key of its own, no class to any key.
-    assert data["checks"]["builtin"]["0.33.0"]["split-agrees"] == {"unsupported": 1, "unexercised": 1,
+    assert data.checks["builtin"]["0.33.0"]["split-agrees"] == {"unsupported": 1, "unexercised": 1,
                                                                    "bit-identical": 1}
     assert cells.cell({"unsupported": 1, "unexercised": 1, "bit-identical": 1}).face == "1/3"
     assert [m.glyph for m, _ in cells.cell({"unexercised": 1}).others] == ["◇"]
-    assert not [k for k in data["keys"] if k[4] == "*@fp8_e4m3"]
-    assert {k[6] for k in data["keys"]} == {"pass", "not run"}
+    assert not [k for k in data.keys if k[4] == "*@fp8_e4m3"]
+    assert {k[6] for k in data.keys} == {"pass", "not run"}
     md, html = report_md(data), report_html(data)
-    assert f"**{data['verdict']}**" in md
+    assert f"**{data.verdict}**" in md
     stale = md.split(f"## {sections.STALE_TITLE}\n\n", 1)[1].split("\n\n", 1)[0]
     assert stale == "none"
     listed = md.split(f"## {sections.UNEXERCISED_TITLE}\n\n", 1)[1].split("\n\n", 1)[0]
@@ -432,14 +435,14 @@ def test_unexercised_findings_are_counted_in_the_verdict_and_listed_in_their_own
     tree = ET.fromstring(html)
     assert ["".join(li.itertext()) for li in tree.find(".//ul[@id='unexercised']")] == [listed[2:]]
     add(root, "0.33.0", "packed:B.H.N.C", "differs", check="bit-identity")
-    assert fold(root)["verdict"] == "RED: 1 new finding in 1 release; 1 unexercised known finding"
+    assert fold(root).verdict == "RED: 1 new finding in 1 release; 1 unexercised known finding"
 
 
 def test_with_no_unexercised_finding_the_verdict_says_nothing_of_them_and_the_section_none(tmp_path):
     root = tmp_path / "results"
     add(root, "0.33.0", "packed:B.H.N.C", "bit-identical")
     data = fold(root)
-    assert data["verdict"] == "GREEN: no new findings in 1 release" and data["unexercised_findings"] == []
+    assert data.verdict == "GREEN: no new findings in 1 release" and data.unexercised_findings == ()
     assert f"## {sections.UNEXERCISED_TITLE}\n\nnone\n" in report_md(data)
     tree = ET.fromstring(report_html(data))
     assert ["".join(li.itertext()) for li in tree.find(".//ul[@id='unexercised']")] == ["none"]
@@ -450,9 +453,9 @@ def test_since_names_known_findings_gone_unexercised(tmp_path):
     add(old, "0.33.0", "packed:B.H.N.C@fp8_e4m3", "differs", check="split-agrees", known="builtin#3")
     assert main([str(merged(old)), "--out", str(tmp_path / "o")]) == 0
     data = report_data(results.read(merged(unexercised_run(new))), since=[tmp_path / "o" / "report.json"])
-    assert [(p["release"], p["name"]) for p in data["changes"]["gone_unexercised"]] == [
+    assert [(p.release, p.name) for p in data.changes.gone_unexercised] == [
         ("0.33.0", "builtin#3 (split-agrees)")]
-    assert not data["changes"]["gone_stale"] and not data["changes"]["new_failures"]
+    assert not data.changes.gone_stale and not data.changes.new_failures
     assert "### Known findings gone unexercised\n\n- builtin · builtin#3 (split-agrees) · 0.33.0" in report_md(data)
 
 
@@ -492,8 +495,8 @@ def test_release_specific_failures_are_found_for_a_planted_single_release_failur
         add(root, release, "kv-first:KV.B.N.H.D", "differs", backends=("FLASH_ATTN",))  # fails on every release
     add(root, "0.33.0", "packed:B.N.H.C@nvfp4", "unsupported", backends=("FLASH_ATTN",))  # not run: not "having" it
     data = fold(root)
-    releases = [s for s in data["specific"] if s["dimension"] == "release"]
-    assert [(s["where"], s["check"], dict(s["fixed"]), s["among"]) for s in releases] == [
+    releases = [s for s in data.specific if s.dimension == "release"]
+    assert [(s.where, s.check, dict(s.fixed), list(s.among)) for s in releases] == [
         ("0.28.0", "bit-identity", {"geometry": "packed:B.H.N.C", "backend": "FLASH_ATTN", "cache dtype": "auto"},
          ["0.22.1", "0.25.1", "0.28.0", "0.33.0"])]
     md = report_md(data)
@@ -508,7 +511,7 @@ def test_backend_and_cache_dtype_specific_failures(tmp_path):
     add(root, "0.33.0", "packed:B.H.N.C", "differs", backends=("FLASHINFER",))
     add(root, "0.33.0", "packed:B.H.N.C@fp8_e4m3", "bit-identical", backends=("FLASHINFER",))
     data = fold(root)
-    found = {(s["dimension"], s["where"]): dict(s["fixed"]) for s in data["specific"]}
+    found = {(s.dimension, s.where): dict(s.fixed) for s in data.specific}
     # FLASHINFER fails on a geometry FLASH_ATTN never ran: the geometry, not the backend, tells them apart
     assert found == {("cache dtype", "auto"): {"release": "0.33.0", "geometry": "packed:B.H.N.C",
                                                "backend": "FLASHINFER"}}
@@ -520,7 +523,7 @@ def test_a_live_runs_report_names_the_live_contracts_backends(tmp_path):
     add(root, "0.33.0", "packed:B.N.H.C@fp8_e4m3", "bit-identical", source="live", backends=("FLASHINFER",))
     add(root, "0.33.0", "*", "bit-identical", check="drift", source="live")
     data = fold(root)
-    assert list(data["backends"]) == ["FLASHINFER", "FLASH_ATTN", "TRITON_ATTN"]
+    assert list(data.backends) == ["FLASHINFER", "FLASH_ATTN", "TRITON_ATTN"]
     md = report_md(data)
     assert "| 0.33.0 | live, run r1 at " in md
     backends = md.split("## Backends (as the folded result lines name them)\n\n", 1)[1].split("\n\n", 1)[0]
@@ -595,7 +598,8 @@ def test_the_report_command_imports_only_the_standard_library(tmp_path):
 
 
 # harness.report's modules, each importing only the ones before it: no circle, nothing imported inside a function.
-_LAYERS = ("cells", "keys", "changes", "history", "lone_failures", "fold", "sections", "markdown", "html", "__main__")
+_LAYERS = ("cells", "keys", "lone_failures", "schema", "changes", "history", "fold", "sections", "markdown", "html",
+           "__main__")
 
 
 def test_the_report_modules_import_one_way():
@@ -611,6 +615,38 @@ def test_the_report_modules_import_one_way():
         used |= {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
         below = {f"harness.report.{m}" for m in _LAYERS[:i]}
         assert {u for u in used if u.startswith("harness.report")} <= below, name
+
+
+def test_the_report_reads_its_values_by_field():
+    """The report's values are typed (harness.report.schema): no module of the report looks one up by a string key, so
+    a field renamed or removed is an error where it is read, not a KeyError on some report's page."""
+    package = Path(report.__file__).parent
+    found = [f"{p.name}:{n.lineno}: {ast.unparse(n)}" for p in sorted(package.glob("*.py"))
+             for n in ast.walk(ast.parse(p.read_text()))
+             if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str)]
+    assert found == []
+
+
+def test_a_report_json_of_another_shape_is_refused_naming_the_field(tmp_path):
+    root = build(tmp_path)
+    folded = fold(root)
+    assert main([str(root), "--out", str(tmp_path / "out")]) == 0
+    written = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert schema.read(tmp_path / "out" / "report.json") == folded  # what it holds reads back as it was folded
+    cases = [(lambda d: d["runs"][0].update(lines="12"), "report.json.runs[0].lines: expected int, got str '12'"),
+             (lambda d: d["new_findings"][0].pop("lines"), "report.json.new_findings[0]: missing fields ['lines'] of a "
+                                                                  "ReportedFinding"),
+             (lambda d: d["rows"][0].update(extra=1), "report.json.rows[0]: unknown fields ['extra']"),
+             (lambda d: d["stale_findings"][0].update(outcome="fine"), "report.json.stale_findings[0].outcome: "
+                                                                     "'fine' is no Word")]
+    for spoil, said in cases:
+        bad = json.loads(json.dumps(written))
+        spoil(bad)
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError) as e:
+            schema.read(path)
+        assert str(e.value).startswith(f"{path}: not a report.json of this kvconform: {said}"), str(e.value)
 
 
 def run_of(root, run, time, release, *items, source="replay"):
@@ -640,12 +676,12 @@ def test_a_partial_newer_run_beside_an_older_complete_one_is_named_in_the_verdic
     root, merged = older_and_partial(tmp_path)
     assert str(merged) == "0.25.1: 2 lines of run X replaced 2 of run Y; 5 lines of run Y kept (not re-checked)"
     data = fold(root)
-    assert data["verdict"] == (
+    assert data.verdict == (
         "GREEN: no new findings in 2 releases — from 3 runs: run A (live, 0.22.1, 2026-11-30, 3 lines), "
         "run Y (replay, 0.25.1, 2026-12-01, partial: 5 of 7 lines), run X (replay, 0.25.1, 2026-12-02, partial: "
         "2 of 7 lines)")
     md = report_md(data)
-    assert md.startswith(f"# kvconform conformance report\n\n**{data['verdict']}**\n")
+    assert md.startswith(f"# kvconform conformance report\n\n**{data.verdict}**\n")
     runs = md.split("## Runs folded (3)\n\n", 1)[1].split("\n\n## ", 1)[0].split("\n\n")
     assert runs[0].splitlines() == [
         "| run | subject | contracts from | releases | lines | checks | written |", "|---|---|---|---|---|---|---|",
@@ -663,7 +699,7 @@ def test_a_partial_newer_run_beside_an_older_complete_one_is_named_in_the_verdic
     table = tree.find(".//table[@id='runs']")
     assert [["".join(td.itertext()) for td in tr] for tr in table][3][:5] == [
         "X", "builtin", "replay", "0.25.1", "2 of 7 (partial)"]
-    assert next(e for e in tree.iter("p") if "verdict" in e.get("class", "")).text == data["verdict"]
+    assert next(e for e in tree.iter("p") if "verdict" in e.get("class", "")).text == data.verdict
 
 
 def test_many_runs_are_counted_in_the_verdict_and_listed_under_runs(tmp_path):
@@ -671,17 +707,17 @@ def test_many_runs_are_counted_in_the_verdict_and_listed_under_runs(tmp_path):
     for n, release in enumerate(("0.22.1", "0.25.1", "0.28.0", "0.30.0", "0.33.0")):
         run_of(root, f"R{n}", f"2026-12-0{n + 1}T08:00:00+00:00", release, ("contracts", "*"))
     data = fold(root)
-    assert data["verdict"] == "GREEN: no new findings in 5 releases — from 5 runs (0 partial): see Runs"
-    assert [r["run"] for r in data["runs"]] == ["R0", "R1", "R2", "R3", "R4"]
+    assert data.verdict == "GREEN: no new findings in 5 releases — from 5 runs (0 partial): see Runs"
+    assert [r.run for r in data.runs] == ["R0", "R1", "R2", "R3", "R4"]
 
 
 def test_run_folds_only_the_named_runs_and_names_the_others(tmp_path, capsys):
     root, _ = older_and_partial(tmp_path)
     assert main([str(root), "--run", "X", "--run", "A", "--out", str(tmp_path / "out")]) == 0
-    data = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert [r["run"] for r in data["runs"]] == ["A", "X"] and [r["run"] for r in data["left_out"]] == ["Y"]
-    assert data["checks"]["builtin"]["0.25.1"] == {"split-agrees": {"bit-identical": 2}}
-    assert data["verdict"] == ("GREEN: no new findings in 2 releases — from 2 runs: run A (live, 0.22.1, 2026-11-30, "
+    data = schema.read(tmp_path / "out" / "report.json")
+    assert [r.run for r in data.runs] == ["A", "X"] and [r.run for r in data.left_out] == ["Y"]
+    assert data.checks["builtin"]["0.25.1"] == {"split-agrees": {"bit-identical": 2}}
+    assert data.verdict == ("GREEN: no new findings in 2 releases — from 2 runs: run A (live, 0.22.1, 2026-11-30, "
                                "3 lines), run X (replay, 0.25.1, 2026-12-02, 2 lines)")
     md = (tmp_path / "out" / "report.md").read_text()
     assert "\nNot folded (no `--run` names them): run Y (replay, 0.25.1, 2026-12-01, 5 lines)\n" in md
@@ -696,7 +732,7 @@ def test_the_layout_api_changes_of_the_releases_covered_are_listed_and_none_mean
     for release in ("0.28.0", "0.29.0"):
         add(root, release, "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
     data = fold(root)
-    assert [(a["release"], a["before"]) for a in data["api_changes"]] == [("0.28.0", "0.27.1"), ("0.29.0", "0.28.0")]
+    assert [(a.release, a.before) for a in data.api_changes] == [("0.28.0", "0.27.1"), ("0.29.0", "0.28.0")]
     md = report_md(data)
     section = md.split(f"\n## {sections.API_TITLE}\n\n", 1)[1].split("\n\n## ", 1)[0].split("\n\n")
     assert section[0] == sections.API_NOTE
@@ -715,7 +751,7 @@ def test_the_layout_api_changes_of_the_releases_covered_are_listed_and_none_mean
     for release in ("0.30.0", "0.31.0"):  # the same layout API as the release before each
         add(unchanged, release, "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
     data = fold(unchanged)
-    assert data["api_changes"] == [] and sections.API_TITLE not in report_md(data)
+    assert data.api_changes == () and sections.API_TITLE not in report_md(data)
     assert sections.API_TITLE not in report_html(data)
 
 
@@ -731,10 +767,10 @@ def test_the_layout_api_section_reads_the_recordings_it_is_given(tmp_path):
     root = tmp_path / "results"
     add(root, "0.2.0", "packed:B.H.N.C", "bit-identical")
     data = report_data(results.read(merged(root)), recordings=recordings)
-    assert data["api_changes"] == [{"release": "0.2.0", "before": "0.1.0",
-                                    "said": {"signature": "B.get_kv_cache_shape gains cache_dtype_str: str"},
-                                    "changes": [{"kind": "signature", "name": "get_kv_cache_shape",
-                                                 "backends": ["B"], "detail": "gains cache_dtype_str: str"}]}]
+    assert data.api_changes == (ApiRelease("0.2.0", "0.1.0",
+                                           {"signature": "B.get_kv_cache_shape gains cache_dtype_str: str"},
+                                           (ApiChange("signature", "get_kv_cache_shape", ("B",),
+                                                      "gains cache_dtype_str: str"),)),)
     assert "\n- **0.2.0** (against 0.1.0): signature: B.get_kv_cache_shape gains cache_dtype_str: str\n" in (
         report_md(data))
     (recordings / "0.1.0.json").write_text("{broken")
@@ -751,7 +787,7 @@ def test_lines_of_two_subjects_get_a_verdict_each_and_subject_reports_one(tmp_pa
         repro="REPRO model-transfer release=0.33.0")
     merged(root)
     assert main([str(root), "--out", str(tmp_path / "both")]) == 0
-    verdict = json.loads((tmp_path / "both" / "report.json").read_text())["verdict"]
+    verdict = schema.read(tmp_path / "both" / "report.json").verdict
     assert verdict == ("RED for 1 of 2 subjects (--subject NAME reports one): block-mover GREEN: no new findings in "
                        "2 releases; manager-ids RED: 1 new finding in 1 release"), verdict
     assert main([str(root), "--subject", "block-mover", "--out", str(tmp_path / "one")]) == 0
@@ -781,14 +817,14 @@ def test_only_one_backend_fails_is_said_only_where_backends_ran_one_geometry(tmp
     transfer_line(root, "0.33.0", "split-kernels", "differs", ("FLASHINFER",), diagnosis=MOVED_WRONG.format(n=2))
     transfer_line(root, "0.33.0", "plain", "bit-identical", ("FLASH_ATTN", "TRITON_ATTN"))
     data = fold(root)
-    assert [s for s in data["specific"] if s["dimension"] == "backend"] == []
+    assert [s for s in data.specific if s.dimension == "backend"] == []
     assert "Only one backend fails" not in report_md(data) and "Only one backend fails" not in report_html(data)
     # Two backends that ran one geometry and differ there: that backend is named, with the geometry held.
     add(root, "0.33.0", "packed:B.H.N.C", "bit-identical", backends=("FLASH_ATTN",))
     add(root, "0.33.0", "packed:B.H.N.C", "differs", backends=("FLASHINFER",), diagnosis="1 of 8 differ")
-    backend = [s for s in fold(root)["specific"] if s["dimension"] == "backend"]
-    assert [(s["where"], s["among"], dict(s["fixed"])) for s in backend] == [
-        ("FLASHINFER", ["FLASHINFER", "FLASH_ATTN"], {"release": "0.33.0", "geometry": "packed:B.H.N.C"})]
+    backend = [s for s in fold(root).specific if s.dimension == "backend"]
+    assert [(s.where, s.among, dict(s.fixed)) for s in backend] == [
+        ("FLASHINFER", ("FLASHINFER", "FLASH_ATTN"), {"release": "0.33.0", "geometry": "packed:B.H.N.C"})]
 
 
 def test_one_finding_however_many_runs_and_replays_fold(tmp_path):
@@ -805,16 +841,16 @@ def test_one_finding_however_many_runs_and_replays_fold(tmp_path):
                   diagnosis=MOVED_WRONG.format(n=2))
     transfer_line(root, "0.33.0", "plain", "bit-identical", ("FLASH_ATTN",), run="r2")
     data = fold(root)
-    assert data["verdict"].startswith("RED: 1 new finding in 1 release — from 2 runs"), data["verdict"]
-    [f] = data["new_findings"]
-    assert (f["lines"], f["run"], f["case"]) == (4, "r2", "c1")  # the newest line stands for it
+    assert data.verdict.startswith("RED: 1 new finding in 1 release — from 2 runs"), data.verdict
+    [f] = data.new_findings
+    assert (f.lines, f.run, f.case) == (4, "r2", "c1")  # the newest line stands for it
     # Another model, another release or another kind of failure is another finding.
     transfer_line(root, "0.33.0", "other-split", "differs", ("FLASHINFER",), diagnosis=MOVED_WRONG.format(n=2))
     transfer_line(root, "0.32.0", "split-kernels", "differs", ("FLASHINFER",), diagnosis=MOVED_WRONG.format(n=2))
     transfer_line(root, "0.32.0", "split-kernels", "differs", ("FLASHINFER",),
                   diagnosis="extract_blocks of manager blocks [3] -> [2] of 16 changed 64 bytes of the source")
     data = fold(root)
-    assert data["verdict"].startswith("RED: 4 new findings in 2 releases"), data["verdict"]
+    assert data.verdict.startswith("RED: 4 new findings in 2 releases"), data.verdict
     md = report_md(data)
     broke = md[md.index("## What broke"):md.index("## Where")]
     assert ("· manager-ids · model-transfer · all 2 releases (0.32.0–0.33.0) · model:split-kernels, "
@@ -831,11 +867,11 @@ def test_green_counts_only_releases_something_was_checked_in_and_names_the_rest(
     add(root, "0.33.0", "model:plain", "bit-identical", check="model-transfer")
     add(root, "0.33.0", "*", "skipped", check="drift", diagnosis="vLLM not installed: replayed")
     data = fold(root)
-    assert data["verdict"] == ("GREEN: no new findings in 1 release; nothing checked in 0.8.5.post1, 0.9.2 (only "
+    assert data.verdict == ("GREEN: no new findings in 1 release; nothing checked in 0.8.5.post1, 0.9.2 (only "
                                "skipped, not-applicable), 0.10.2 (only unsupported)")
-    assert data["unchecked"] == {"builtin": {"0.8.5.post1": "only skipped, not-applicable",
+    assert data.unchecked == {"builtin": {"0.8.5.post1": "only skipped, not-applicable",
                                              "0.9.2": "only skipped, not-applicable", "0.10.2": "only unsupported"}}
-    assert report_md(data).startswith(f"# kvconform conformance report\n\n**{data['verdict']}**\n")
+    assert report_md(data).startswith(f"# kvconform conformance report\n\n**{data.verdict}**\n")
 
 
 def test_a_release_with_no_line_of_a_subject_says_so(tmp_path):
@@ -845,10 +881,10 @@ def test_a_release_with_no_line_of_a_subject_says_so(tmp_path):
         add(root, "0.33.0", "model:plain", "bit-identical", check="model-transfer", subject=subject)
     add(root, "main", "model:plain", "bit-identical", check="model-transfer", subject="block-mover")
     data = fold(root)
-    assert data["verdict"] == ("GREEN for each of 2 subjects (--subject NAME reports one): block-mover GREEN: no new "
+    assert data.verdict == ("GREEN for each of 2 subjects (--subject NAME reports one): block-mover GREEN: no new "
                                "findings in 2 releases; manager-ids GREEN: no new findings in 1 release; nothing "
                                "checked in main (no line)")
-    assert data["unchecked"]["manager-ids"] == {"main": "no line"} and data["unchecked"]["block-mover"] == {}
+    assert data.unchecked["manager-ids"] == {"main": "no line"} and data.unchecked["block-mover"] == {}
     md = report_md(data)
     row = md.split("### manager-ids\n\n", 1)[1].split("\n\n", 1)[0].splitlines()[3]
     assert row == f"| main | {sections.NO_LINE} | · |"

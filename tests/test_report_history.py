@@ -4,7 +4,6 @@ cell's last change in report.md, and carry the last passing build of a release t
 
 from __future__ import annotations
 
-import json
 import re
 import xml.etree.ElementTree as ET
 
@@ -12,7 +11,7 @@ import pytest
 
 from harness import results
 from harness.matrix.build import PYPI, Build
-from harness.report import history
+from harness.report import history, schema
 from harness.report.__main__ import main
 from harness.results import Result
 
@@ -39,7 +38,7 @@ def night(tmp_path, n: int) -> tuple:
         results.merge(root, release, f"{run}-")
     since = ["--since", str(tmp_path / f"night{n - 1}" / "report.json")] if n > 1 else []
     assert main([str(root), *since]) == 0
-    return root, json.loads((root / "report.json").read_text())
+    return root, schema.read(root / "report.json")
 
 
 @pytest.fixture
@@ -49,11 +48,11 @@ def nights(tmp_path):
 
 def test_a_chain_of_reports_keeps_every_earlier_point(nights):
     (_, r1), (_, r2), (_, r3) = nights
-    assert [p["runs"] for p in r3["history"]] == [[r1["runs"][0]["run"]], [r2["runs"][0]["run"]]]
+    assert [p.runs for p in r3.history] == [(r1.runs[0].run,), (r2.runs[0].run,)]
     assert history.series(r3, "builtin", "main", "split-agrees") == [
-        ("2026-12-01T02:30:00+00:00", [2, 2, False]), ("2026-12-02T02:30:00+00:00", [1, 2, True]),
-        ("2026-12-03T02:30:00+00:00", [2, 2, False])]
-    assert [c for _, c in history.series(r3, "builtin", "0.33.0", "split-agrees")] == [[2, 2, False]] * 3
+        ("2026-12-01T02:30:00+00:00", (2, 2, False)), ("2026-12-02T02:30:00+00:00", (1, 2, True)),
+        ("2026-12-03T02:30:00+00:00", (2, 2, False))]
+    assert [c for _, c in history.series(r3, "builtin", "0.33.0", "split-agrees")] == [(2, 2, False)] * 3
 
 
 def test_several_earlier_reports_given_at_once_are_the_same_points(nights, tmp_path):
@@ -61,10 +60,10 @@ def test_several_earlier_reports_given_at_once_are_the_same_points(nights, tmp_p
     out = tmp_path / "again"
     assert main([str(root), "--out", str(out), "--since", str(tmp_path / "night1" / "report.json"),
                  "--since", str(tmp_path / "night2" / "report.json")]) == 0
-    again = json.loads((out / "report.json").read_text())
-    assert [p["runs"] for p in again["history"]] == [p["runs"] for p in r3["history"]]
-    assert again["changes"]["since"].endswith("night2/report.json")  # what changed: since the last one given
-    assert [c["release"] for c in again["changes"]["fixes"]] == ["main"]
+    again = schema.read(out / "report.json")
+    assert [p.runs for p in again.history] == [p.runs for p in r3.history]
+    assert again.changes.since.endswith("night2/report.json")  # what changed: since the last one given
+    assert [c.release for c in again.changes.fixes] == ["main"]
 
 
 def test_the_markdown_keeps_each_cells_last_change(nights):
@@ -93,18 +92,18 @@ def test_report_html_charts_each_cells_history(nights):
 
 def test_a_release_that_turned_red_keeps_the_build_that_last_passed(nights):
     (_, r1), (root2, r2), (_, r3) = nights
-    assert r1["last_passed"]["builtin"]["main"]["pin"] == f"vllm=={MAIN[1].version} --extra-index-url {NIGHTLY}"
+    assert r1.last_passed["builtin"]["main"].pin == f"vllm=={MAIN[1].version} --extra-index-url {NIGHTLY}"
     # Night 2 is red on main: its pin stays night 1's build, named as such.
-    assert r2["last_passed"]["builtin"]["main"]["build"]["commit"] == "aaaaaaa1"
-    assert r2["last_passed"]["builtin"]["0.33.0"]["pin"] == "vllm==0.33.0"
+    assert r2.last_passed["builtin"]["main"].build.commit == "aaaaaaa1"
+    assert r2.last_passed["builtin"]["0.33.0"].pin == "vllm==0.33.0"
     md2 = (root2 / "report.md").read_text()
     assert re.search(r"^- builtin: main not passing in this report \(red, or not checked\); last passed on vllm "
                      r"0\.34\.0\.dev1\+gaaaaaaa1 \(aaaaaaa1\) .* run 20261201T020000Z-000001", md2, re.M), md2
     assert "- builtin: newest passing release 0.33.0: `vllm==0.33.0` (vllm 0.33.0 (5f0c2b1de)" in md2
-    assert r3["last_passed"]["builtin"]["main"]["build"]["commit"] == "ccccccc3"
+    assert r3.last_passed["builtin"]["main"].build.commit == "ccccccc3"
 
 
 def test_without_earlier_reports_there_is_no_history_and_no_change_said(tmp_path):
     root, r1 = night(tmp_path, 1)
-    assert r1["history"] == [] and "(was" not in (root / "report.md").read_text()
+    assert r1.history == () and "(was" not in (root / "report.md").read_text()
     assert "<svg" not in (root / "report.html").read_text()

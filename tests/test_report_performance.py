@@ -12,7 +12,7 @@ import pytest
 from test_report import add, matrix_rows, merged
 
 from harness import results
-from harness.report import cells, sections
+from harness.report import cells, schema, sections
 from harness.report.__main__ import main
 from harness.report.fold import report_data
 from harness.report.html import report_html
@@ -58,7 +58,7 @@ def fold(root, lines=LINES):
 
 def test_the_performance_part_of_report_json(tmp_path):
     data = fold(conformance(tmp_path / "results"))
-    perf = data["performance"]
+    perf = data.as_json()["performance"]  # as report.json holds it
     assert list(perf) == ["builtin"] and list(perf["builtin"]) == ["0.25.1", "0.33.0"]
     entry = perf["builtin"]["0.33.0"]
     # every word apart, worst first; a known finding's marked as the conformance cells mark it
@@ -72,28 +72,28 @@ def test_the_performance_part_of_report_json(tmp_path):
     assert [(r["workload"], r["new_findings"], r["worst"]["ratio"], r["worst"]["limit"]) for r in entry["rows"]] == [
         ("decode 4k", 1, 1.31, 1.1), ("prefill 1k", 1, 1.28, 1.25)]  # limit: max(threshold, 1 + band)
     assert perf["builtin"]["0.25.1"]["new_findings"] == [] and perf["builtin"]["0.25.1"]["worst"]["ratio"] == 0.97
-    assert json.loads(json.dumps(data))["performance"] == perf  # report.json holds it as it is
+    assert data.performance["builtin"]["0.33.0"].worst.geometry == "packed:B.N.H.C"
 
 
 def test_performance_lines_never_change_the_verdict(tmp_path):
     root = conformance(tmp_path / "results")
     alone = report_data(results.read(root))
     data = fold(root)
-    assert data["verdict"] == alone["verdict"] == ("GREEN for each of 2 subjects (--subject NAME reports one): builtin "
+    assert data.verdict == alone.verdict == ("GREEN for each of 2 subjects (--subject NAME reports one): builtin "
                                                    "GREEN: no new findings in 2 releases; other GREEN: no new findings "
                                                    "in 1 release; nothing checked in 0.25.1 (no line)")
-    assert data["new_findings"] == [] and data["keys"] == alone["keys"]
+    assert data.new_findings == () and data.keys == alone.keys
     line = "Performance: 2 new findings (nox -s bench fails on them; not a conformance outcome)"
     md = report_md(data)
-    assert md.startswith(f"# kvconform conformance report\n\n**{data['verdict']}**\n\n{line}\n")
+    assert md.startswith(f"# kvconform conformance report\n\n**{data.verdict}**\n\n{line}\n")
     tree = ET.fromstring(report_html(data))
     verdict = next(e for e in tree.iter("p") if "verdict" in e.get("class", "").split())
-    assert (verdict.text, verdict.get("class")) == (data["verdict"], "verdict green")
+    assert (verdict.text, verdict.get("class")) == (data.verdict, "verdict green")
     assert next(e for e in tree.iter("p") if e.get("class") == "bench-verdict").text == line
     # a red conformance verdict stays the same too; no new performance finding: no line
     add(root, "0.33.0", "packed:B.H.N.C", "differs", diagnosis="1 of 8 differ")
     data = fold(merged(root), [t for t in LINES if not t.new_finding])
-    assert data["verdict"] == ("RED for 1 of 2 subjects (--subject NAME reports one): builtin RED: 1 new finding in 1 "
+    assert data.verdict == ("RED for 1 of 2 subjects (--subject NAME reports one): builtin RED: 1 new finding in 1 "
                                "release; other GREEN: no new findings in 1 release; nothing checked in 0.25.1 "
                                "(no line)")
     assert "Performance:" not in report_md(data) and 'class="bench-verdict"' not in report_html(data)
@@ -136,7 +136,7 @@ def test_the_column_fails_on_a_new_finding_only(tmp_path, line, md_face, html_cl
     assert matrix_rows(report_md(data))["0.33.0"][-1] == md_face
     td = ET.fromstring(report_html(data)).find(".//table[@id='m0']").findall("tr")[-1][-1]
     assert td.get("class") == html_class and "".join(td.itertext()) == md_face.replace("*", "")
-    assert data["verdict"].startswith("GREEN")
+    assert data.verdict.startswith("GREEN")
 
 
 def test_a_known_finding_never_hides_a_new_one_in_the_column(tmp_path):
@@ -178,7 +178,7 @@ def test_the_performance_section_lists_the_new_findings_first_and_the_stale_apar
 
 def test_no_performance_lines_no_column_no_section(tmp_path):
     data = report_data(results.read(conformance(tmp_path / "results")))
-    assert data["performance"] == {}
+    assert data.performance == {}
     md, html = report_md(data), report_html(data)
     for text in (sections.BENCH_COLUMN, sections.BENCH_TITLE, sections.BENCH_LEGEND, "Performance:"):
         assert text not in md and text not in html
@@ -188,8 +188,8 @@ def test_the_command_reads_the_performance_lines(tmp_path):
     root = conformance(tmp_path / "results")
     timings.write(root, list(LINES))
     assert main([str(root), "--out", str(tmp_path / "out")]) == 0
-    data = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert data["verdict"].startswith("GREEN") and data["performance"]["builtin"]["0.33.0"]["worst"]["ratio"] == 1.31
+    data = schema.read(tmp_path / "out" / "report.json")
+    assert data.verdict.startswith("GREEN") and data.performance["builtin"]["0.33.0"].worst.ratio == 1.31
     md = (tmp_path / "out" / "report.md").read_text()
     assert "Performance: 2 new findings" in md and f"## {sections.BENCH_TITLE}" in md
 
@@ -227,8 +227,8 @@ def test_performance_lines_alone_are_a_report_that_claims_no_conformance(tmp_pat
                          bench("0.33.0", "packed:B.H.N.C", "decode 4k", "within", 1.02, subject="slow")])
     assert main([str(root), "--out", str(tmp_path / "out")]) == 0
     assert NO_CONFORMANCE in capsys.readouterr().out
-    data = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert data["verdict"] == NO_CONFORMANCE and data["releases"] == ["0.25.1", "0.33.0"] and data["runs"] == []
+    data = schema.read(tmp_path / "out" / "report.json")
+    assert data.verdict == NO_CONFORMANCE and data.releases == ("0.25.1", "0.33.0") and data.runs == ()
     md = (tmp_path / "out" / "report.md").read_text()
     assert md.startswith(f"# kvconform conformance report\n\n**{NO_CONFORMANCE}**\n\nPerformance: 1 new finding "
                          "(nox -s bench fails on them; not a conformance outcome)\n\n"
@@ -266,9 +266,9 @@ def test_a_subject_or_release_only_benched_gets_its_matrix(tmp_path):
     root = conformance(tmp_path / "results")  # builtin in 0.25.1 and 0.33.0, other in 0.33.0
     data = fold(root, [bench("0.22.1", "packed:B.H.N.C", "decode 4k", "within", 0.96),
                        bench("0.33.0", "packed:B.H.N.C", "decode 4k", "slower", 1.4, subject="slow")])
-    assert data["releases"] == ["0.22.1", "0.25.1", "0.33.0"]  # 0.22.1: benched only, in version order
+    assert data.releases == ("0.22.1", "0.25.1", "0.33.0")  # 0.22.1: benched only, in version order
     # the releases checked, not the benched one; the subject only benched has no verdict
-    assert data["verdict"] == ("GREEN for each of 2 subjects (--subject NAME reports one): builtin GREEN: no new "
+    assert data.verdict == ("GREEN for each of 2 subjects (--subject NAME reports one): builtin GREEN: no new "
                                "findings in 2 releases; other GREEN: no new findings in 1 release; nothing checked in "
                                "0.25.1 (no line)")
     md = report_md(data)

@@ -18,6 +18,7 @@ from test_workflow import lint, lint_broken
 
 from harness import matrix, results
 from harness.matrix import workflow
+from harness.report import schema
 from harness.results import Result
 
 REPO = Path(__file__).resolve().parent.parent
@@ -419,7 +420,7 @@ def tracking_problems(runs: list[tuple[subprocess.CompletedProcess, list[dict]]]
     ("w.tracked_issue = lambda issues, title: None", "the still red run did not comment"),  # always creates
     ("w.tracked_issue = lambda issues, title: min(i['number'] for i in issues)", "the red run did not open"),
     ("w.red = lambda report: True", "the green run did not close"),
-    ("w.issue_body = lambda report, url: report['verdict']", "the red run's issue lacks the REPRO lines"),
+    ("w.issue_body = lambda report, url: report.verdict", "the red run's issue lacks the REPRO lines"),
 ])
 def test_tracking_opens_one_issue_comments_on_it_while_red_and_closes_it_when_green(runner, reports, breakage, problem):
     runs = []
@@ -493,10 +494,10 @@ def test_annotate_prints_ten_escaped_errors_and_counts_the_rest(twelve, breakage
 
 
 def test_an_issue_body_stays_within_the_limit_and_counts_what_it_leaves_out(twelve, monkeypatch):
-    data = json.loads(twelve.read_text())
+    data = schema.read(twelve)
     monkeypatch.setattr(workflow, "BODY_LIMIT", 1_000)
     body = workflow.issue_body(data, "")
-    shown = sum(f["repro"] in body for f in data["new_findings"])
+    shown = sum(f.repro in body for f in data.new_findings)
     assert len(body) <= 1_000 and 0 < shown < 12 and body.endswith(f"- and {12 - shown} more")
 
 
@@ -539,7 +540,7 @@ def test_a_scheduled_report_folds_the_previous_scheduled_runs_report(tmp_path, r
     assert listed[listed.index("--workflow") + 1] == "nightly.yml" and "schedule" in listed
     tonight = json.loads((tmp_path / "results" / "report.json").read_text())
     if not artifact:  # a run without the artifact: no earlier report, said, and no failure
-        assert "changes" not in tonight and tonight["history"] == []
+        assert tonight["changes"] is None and tonight["history"] == []
         assert "run 41 of nightly.yml: no kvconform-report artifact" in said[0], said[0]
         return
     assert "the report of run 41 of nightly.yml" in said[0], said[0]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from hypothesis import strategies as st
@@ -44,7 +45,7 @@ class ModelTarget(Target):
         """Its name in result lines: `model:<name>`."""
         return self.model.geometry
 
-    @property
+    @cached_property  # a result line per example asks it; the model's handed layers do not change
     def described(self) -> dict[str, object]:
         """The model's layout, and the backends of the layers it hands."""
         c = self.contract

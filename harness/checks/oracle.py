@@ -91,8 +91,9 @@ class Oracle(Implementation):
     def cases(self, sizes: Sizes, mode: str):
         return strategies.oracle_cases(sizes, mode)  # its float64 work bounded
 
-    def replayed(self, session: Session, geometry: str, example: Drawn) -> list[Target]:
-        """Every session release with the kept example's geometry (its own contract of it)."""
+    def replayed(self, session: Session, targets: list[Target], geometry: str, example: Drawn) -> list[Target]:
+        """Every session release with the kept example's geometry (its own contract of it), whichever dense target
+        kept it."""
         own = {r.release: next((c for c in r.contracts if c.name == example.contract.name), None)
                for r in session.releases}
         return [Target(r, own[r.release], geometry) for r in session.releases if own[r.release] is not None]

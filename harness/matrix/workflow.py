@@ -23,6 +23,8 @@ from pathlib import Path
 
 from harness import checks, matrix
 from harness.recordings import allocations, api_history
+from harness.report import schema
+from harness.report.schema import Report
 
 ANNOTATIONS = 10  # GitHub shows at most 10 error annotations of one step; later ones are dropped silently
 BODY_LIMIT = 60_000  # GitHub refuses an issue or comment body over 65,536 characters
@@ -81,25 +83,25 @@ def escaped(text: str, in_property: bool = False) -> str:
     return text.replace(":", "%3A").replace(",", "%2C") if in_property else text
 
 
-def annotations(report: Mapping) -> list[str]:
+def annotations(report: Report) -> list[str]:
     """The workflow commands that annotate the run with the report's new findings: an error for each of the first
     ANNOTATIONS (its REPRO line last), then a notice counting the rest, which only the summary lists."""
-    new = report["new_findings"]
+    new = report.new_findings
     lines = []
     for f in new[:ANNOTATIONS]:
-        title = f"kvconform {f['check']} on vLLM {f['release']}, {f['geometry']}"
-        message = f"{f['subject']}: {f['diagnosis'] or f['outcome']}"
-        if f["repro"]:  # a whole-release finding (an install-error) has none
-            message += "\n" + f["repro"]
+        title = f"kvconform {f.check} on vLLM {f.release}, {f.geometry}"
+        message = f"{f.subject}: {f.diagnosis or f.outcome}"
+        if f.repro:  # a whole-release finding (an install-error) has none
+            message += "\n" + f.repro
         lines.append(f"::error title={escaped(title, True)}::{escaped(message)}")
     if len(new) > ANNOTATIONS:
         lines.append(f"::notice title=kvconform::{len(new) - ANNOTATIONS} more new findings: see the run's summary")
     return lines
 
 
-def red(report: Mapping) -> bool:
+def red(report: Report) -> bool:
     """Whether the report has a new finding (its verdict is RED): known, stale and unexercised findings never count."""
-    return bool(report["new_findings"])
+    return bool(report.new_findings)
 
 
 def run_url(env: Mapping[str, str]) -> str:
@@ -109,16 +111,16 @@ def run_url(env: Mapping[str, str]) -> str:
     return f"{env['GITHUB_SERVER_URL']}/{env['GITHUB_REPOSITORY']}/actions/runs/{env['GITHUB_RUN_ID']}"
 
 
-def issue_body(report: Mapping, url: str) -> str:
+def issue_body(report: Report, url: str) -> str:
     """The markdown of an issue or comment on a red report: the verdict, the run, and each new finding with its REPRO
     line, as many as fit GitHub's limit on a body (the rest counted)."""
-    head = f"**{report['verdict']}**" + (f" ([run]({url}))" if url else "")
+    head = f"**{report.verdict}**" + (f" ([run]({url}))" if url else "")
     parts = [head, "", "New findings (the run's summary has the full report):", ""]
     size = sum(len(p) + 1 for p in parts)
-    new = report["new_findings"]
+    new = report.new_findings
     for n, f in enumerate(new):
-        text = (f"- `{f['check']}` on vLLM {f['release']}, `{f['geometry']}`: {f['diagnosis'] or f['outcome']}"
-                + (f"\n  ```\n  {f['repro']}\n  ```" if f["repro"] else ""))
+        text = (f"- `{f.check}` on vLLM {f.release}, `{f.geometry}`: {f.diagnosis or f.outcome}"
+                + (f"\n  ```\n  {f.repro}\n  ```" if f.repro else ""))
         rest = f"- and {len(new) - n} more"  # room kept for it, so that the body never passes the limit
         if size + len(text) + 1 + len(rest) > BODY_LIMIT:
             parts.append(rest)
@@ -147,7 +149,7 @@ def tracked_issue(issues: list[dict], title: str) -> int | None:
     return min((i["number"] for i in issues if i["title"] == title), default=None)
 
 
-def track(report: Mapping, title: str, label: str, url: str) -> str:
+def track(report: Report, title: str, label: str, url: str) -> str:
     """Open, comment on or close the tracking issue for `report` through gh; what was done, in words."""
     listed = gh("issue", "list", "--state", "open", "--label", label, "--json", "number,title", "--limit", "500")
     number = tracked_issue(json.loads(listed), title)
@@ -160,7 +162,7 @@ def track(report: Mapping, title: str, label: str, url: str) -> str:
         gh("issue", "comment", str(number), "--body", "Still red.\n\n" + issue_body(report, url))
         return f"commented on #{number}: still red"
     if number is not None:
-        gh("issue", "close", str(number), "--comment", f"**{report['verdict']}**" + (f" ([run]({url}))" if url else ""))
+        gh("issue", "close", str(number), "--comment", f"**{report.verdict}**" + (f" ([run]({url}))" if url else ""))
         return f"closed #{number}: green"
     return "green, and no open tracking issue"
 
@@ -184,17 +186,6 @@ def previous(workflow_ref: str, into: Path) -> str:
     return f"{into / 'report.json'}: the report of run {run} of {workflow}"
 
 
-def loaded(path: Path) -> dict:
-    """report.json (written by `python -m harness.report`) as data; a ValueError naming the file when it is not one."""
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not a readable report.json: {e}") from None
-    if not isinstance(report, dict) or not {"verdict", "new_findings"} <= report.keys():
-        raise ValueError(f"{path}: not a report.json of `python -m harness.report` (no verdict or new_findings)")
-    return report
-
-
 def main(argv: list[str]) -> int:
     """Run one step; the exit status (2: an unknown release, a report it cannot read, or a gh call that failed)."""
     parser = argparse.ArgumentParser(prog="python -m harness.matrix.workflow", description=__doc__.splitlines()[0])
@@ -216,13 +207,13 @@ def main(argv: list[str]) -> int:
             capabilities = frozenset(c.strip() for c in args.capabilities.split(",") if c.strip())
             print(json.dumps(releases(args.selection, capabilities)))
         elif args.step == "annotate":
-            sys.stdout.writelines(line + "\n" for line in annotations(loaded(args.report)))
+            sys.stdout.writelines(line + "\n" for line in annotations(schema.read(args.report)))
         elif args.step == "previous":
             if not (ref := os.environ.get("GITHUB_WORKFLOW_REF")):
                 raise ValueError("GITHUB_WORKFLOW_REF is not set: previous runs inside a workflow run")
             print(previous(ref, args.dir))
         else:
-            print(track(loaded(args.report), args.title, args.label, run_url(os.environ)))
+            print(track(schema.read(args.report), args.title, args.label, run_url(os.environ)))
     except (ValueError, RuntimeError) as e:
         print(f"python -m harness.matrix.workflow {args.step}: {e}", file=sys.stderr)
         return 2

@@ -95,34 +95,34 @@ def _layers(n: int, build: Callable[[int], LayerSpec]) -> dict[str, LayerSpec]:
 
 MODELS = (
     ModelSpec("uniform", "4 full-attention layers (FLASH_ATTN), 16-token blocks",
-          _layers(4, lambda i: LayerSpec(_full(16), "FLASH_ATTN"))),
+              _layers(4, lambda i: LayerSpec(_full(16), "FLASH_ATTN"))),
     ModelSpec("kernel-split", "4 full-attention layers (FLASHINFER, kernel blocks of at most 64 tokens), 256-token "
-          "manager blocks", _layers(4, lambda i: LayerSpec(_full(256), "FLASHINFER")), block_size=256),
+              "manager blocks", _layers(4, lambda i: LayerSpec(_full(256), "FLASHINFER")), block_size=256),
     ModelSpec("sliding", "2 full-attention and 2 sliding-window (32 tokens) layers (FLASH_ATTN)",
-          _layers(4, lambda i: LayerSpec(_full(16, **({"sliding_window": 32} if i % 2 else {})), "FLASH_ATTN"))),
+              _layers(4, lambda i: LayerSpec(_full(16, **({"sliding_window": 32} if i % 2 else {})), "FLASH_ATTN"))),
     ModelSpec("hybrid", "2 full-attention layers (FLASH_ATTN, 64-token blocks) and 2 Mamba layers",
-          _layers(4, lambda i: LayerSpec(_mamba(64), MAMBA) if i % 2 else LayerSpec(_full(64), "FLASH_ATTN")),
-          block_size=64),
+              _layers(4, lambda i: LayerSpec(_mamba(64), MAMBA) if i % 2 else LayerSpec(_full(64), "FLASH_ATTN")),
+              block_size=64),
     ModelSpec("hybrid-split", "2 full-attention layers (FLASHINFER, 256-token manager blocks) and 2 Mamba layers",
-          _layers(4, lambda i: LayerSpec(_mamba(256), MAMBA) if i % 2 else LayerSpec(_full(256), "FLASHINFER")),
-          block_size=256),
+              _layers(4, lambda i: LayerSpec(_mamba(256), MAMBA) if i % 2 else LayerSpec(_full(256), "FLASHINFER")),
+              block_size=256),
     ModelSpec("padded-split", "2 full-attention layers of 2 KV heads and 2 sliding-window layers of 3 (FLASHINFER, "
-          "256-token manager blocks): the smaller page does not divide the larger",
-          _layers(4, lambda i: LayerSpec(_full(256, heads=3, sliding_window=32) if i % 2 else _full(256),
-                                         "FLASHINFER")),
-          block_size=256),
+              "256-token manager blocks): the smaller page does not divide the larger",
+              _layers(4, lambda i: LayerSpec(_full(256, heads=3, sliding_window=32) if i % 2 else _full(256),
+                                             "FLASHINFER")),
+              block_size=256),
     ModelSpec("shared", "4 full-attention layers (FLASH_ATTN), layers.3 reusing layers.1's cache (KV sharing)",
-          _layers(4, lambda i: LayerSpec(None, "FLASH_ATTN", "layers.1") if i == 3
-                  else LayerSpec(_full(16), "FLASH_ATTN"))),
+              _layers(4, lambda i: LayerSpec(None, "FLASH_ATTN", "layers.1") if i == 3
+                      else LayerSpec(_full(16), "FLASH_ATTN"))),
     ModelSpec("mla-indexer", "2 latent-attention layers (TRITON_MLA, 48-wide latent) each with a sparse indexer cache "
-          "(DeepseekV32IndexerBackend, 64-wide key)",
-          {**{f"layers.{i}.attn": LayerSpec(_mla(64, 48), "TRITON_MLA") for i in range(2)},
-           **{f"layers.{i}.indexer": LayerSpec(_mla(64, 64, indexer=True), INDEXER) for i in range(2)}},
-          block_size=64),
+              "(DeepseekV32IndexerBackend, 64-wide key)",
+              {**{f"layers.{i}.attn": LayerSpec(_mla(64, 48), "TRITON_MLA") for i in range(2)},
+               **{f"layers.{i}.indexer": LayerSpec(_mla(64, 64, indexer=True), INDEXER) for i in range(2)}},
+              block_size=64),
     ModelSpec("cross-layer", "4 full-attention layers (FLASH_ATTN) interleaved per block",
-          _layers(4, lambda i: LayerSpec(_full(16), "FLASH_ATTN")), cross_layer=True),
+              _layers(4, lambda i: LayerSpec(_full(16), "FLASH_ATTN")), cross_layer=True),
     ModelSpec("cross-layer-fp8", "4 full-attention layers (TRITON_ATTN, fp8 with per-token-head scales) interleaved "
               "per block (VLLM_KV_CACHE_LAYOUT=BLHNC)",
               _layers(4, lambda i: LayerSpec(_full(16, "fp8_per_token_head"), "TRITON_ATTN")),
-          cache_dtype="fp8_per_token_head", cross_layer=True),
+              cache_dtype="fp8_per_token_head", cross_layer=True),
 )

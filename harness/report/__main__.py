@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
             print(f"no results under {args.results} (expected <release>/results.jsonl or <release>/{TIMINGS})",
                   file=sys.stderr)
             return 1
-        known = [r["run"] for r in runs(rows)]
+        known = [r.run for r in runs(rows)]
         if unknown := [x for x in args.run if x not in known]:
             raise ValueError(f"--run {', '.join(unknown)}: no such run under {args.results}; its runs: "
                              + ", ".join(known))
@@ -75,11 +75,11 @@ def main(argv: list[str]) -> int:
         return 2
     out = args.out or args.results
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out / "report.json").write_text(json.dumps(data.as_json(), indent=1) + "\n")
     (out / "report.md").write_text(report_md(data))
     (out / "report.html").write_text(report_html(data))
-    print(f"{out / 'report.md'}, report.html: {data['verdict']}; {sum(r['lines'] for r in data['runs'])} results, "
-          f"{count(len(timings), 'performance line')}, {count(len(data['releases']), 'release')}")
+    print(f"{out / 'report.md'}, report.html: {data.verdict}; {sum(r.lines for r in data.runs)} results, "
+          f"{count(len(timings), 'performance line')}, {count(len(data.releases), 'release')}")
     return 0
 
 

@@ -9,80 +9,26 @@ stale (unexercised): stale (unexercised) now, not before.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 from harness.matrix import version_key
-from harness.report import cells, keys
+from harness.report import cells, keys, schema
 from harness.report.keys import Key
+from harness.report.schema import Change, Changes, Presence, Report
+from harness.results import Result
 
-REPORT_SCHEMA = 1  # of report.json; a report of another schema is refused by `load`
-
-
-@dataclass(frozen=True)
-class Change:
-    """One key (its backends grouped: those that changed alike) that went from one class to another."""
-
-    subject: str
-    release: str
-    check: str
-    geometry: str
-    cache_dtype: str
-    backends: tuple[str, ...]
-    before: str  # an outcome class, or "absent"
-    after: str
-    repro: str = ""  # the first REPRO line of its lines now, if any
-
-
-@dataclass(frozen=True)
-class Presence:
-    """A geometry or backend that one of the two reports has in a release and the other does not."""
-
-    subject: str
-    release: str
-    name: str
-
-
-@dataclass(frozen=True)
-class Changes:
-    """Everything that changed since the previous report, each list sorted."""
-
-    since: str  # the previous report's path as given
-    since_verdict: str
-    new_failures: tuple[Change, ...]
-    fixes: tuple[Change, ...]
-    subjects_appeared: tuple[str, ...]
-    subjects_vanished: tuple[str, ...]
-    releases_appeared: tuple[str, ...]
-    releases_vanished: tuple[str, ...]
-    geometries_appeared: tuple[Presence, ...]
-    geometries_vanished: tuple[Presence, ...]
-    backends_appeared: tuple[Presence, ...]
-    backends_vanished: tuple[Presence, ...]
-    gone_stale: tuple[Presence, ...]  # name: "<known id> (<check>)"
-    gone_unexercised: tuple[Presence, ...]  # as gone_stale
-
-
-def load(path: Path) -> dict:
+def load(path: Path) -> Report:
     """A previous report.json, checked to be one this kvconform can compare against; a ValueError naming the file."""
     try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise ValueError(f"--since {path}: cannot read it: {e.strerror or e}") from None
+        return schema.read(path)
     except ValueError as e:
-        raise ValueError(f"--since {path}: not a report.json (not JSON: {e})") from None
-    if not isinstance(data, dict) or data.get("schema") != REPORT_SCHEMA or not isinstance(data.get("keys"), list):
-        found = data.get("schema", "none") if isinstance(data, dict) else "none"
-        raise ValueError(f"--since {path}: not a report.json of report schema {REPORT_SCHEMA} (found schema {found}): "
-                         "pass the report.json a `python -m harness.report` of this kvconform wrote")
-    return data
+        raise ValueError(f"--since {e}") from None
 
 
-def _decode(data: dict, path: Path) -> dict[Key, str]:
+def _decode(report: Report, path: Path) -> dict[Key, str]:
     try:
-        return {Key(*k[:6]): k[6] for k in data["keys"]}
+        return {Key(*k[:6]): k[6] for k in report.keys}
     except (TypeError, IndexError) as e:
         raise ValueError(f"--since {path}: a malformed `keys` entry: {e}") from None
 
@@ -99,20 +45,19 @@ def _grouped(found: list[tuple[Key, str, str]], repros: dict[Key, str]) -> tuple
     return tuple(sorted(out, key=lambda c: (c.subject, c.release, c.check, c.geometry, c.cache_dtype)))
 
 
-def _marked(data: dict, field: str) -> set[tuple[str, str, str]]:
-    """The known findings a report's `field` (stale_findings, unexercised_findings) lists, per subject and release."""
-    return {(s["subject"], s["release"], f"{s['known']} ({s['check']})") for s in data.get(field, [])}
+def _marked(lines: tuple[Result, ...]) -> set[tuple[str, str, str]]:
+    """The known findings a report lists as stale or unexercised (`lines`), per subject and release."""
+    return {(r.subject, r.release, f"{r.known} ({r.check})") for r in lines}
 
 
-def compare(old: dict, new: dict, since: Path) -> Changes:
-    """What changed from report `old` (a loaded report.json, read from `since`) to report `new` (the report data
-    of harness.report.fold)."""
-    before, now = _decode(old, since), keys.classes(new["rows"])
+def compare(old: Report, new: Report, since: Path) -> Changes:
+    """What changed from report `old` (a loaded report.json, read from `since`) to report `new` (the one being
+    folded)."""
+    before, now = _decode(old, since), keys.classes(new.rows)
     repros: dict[Key, str] = {}
-    for row in new["rows"]:
-        for b in row["backends"] or [""]:
-            k = Key(row["subject"], row["release"], b, row["cache_dtype"], row["geometry"], row["check"])
-            repros.setdefault(k, next(iter(row["repros"]), ""))
+    for row in new.rows:
+        for k in row.keys:
+            repros.setdefault(k, next(iter(row.repros), ""))
     new_failures = [(k, before.get(k, "absent"), c) for k, c in now.items()
                     if c in cells.FAILING and before.get(k) not in cells.FAILING]
     fixes = [(k, c, now[k]) for k, c in before.items() if c in cells.FAILING and now.get(k) == cells.PASS_CLASS]
@@ -133,7 +78,7 @@ def compare(old: dict, new: dict, since: Path) -> Changes:
     be_old, be_new = present(before, "backend"), present(now, "backend")
     order = sorted(new_releases | old_releases, key=version_key)
     return Changes(
-        since=str(since), since_verdict=str(old.get("verdict", "")),
+        since=str(since), since_verdict=old.verdict,
         new_failures=_grouped(new_failures, repros), fixes=_grouped(fixes, repros),
         subjects_appeared=tuple(sorted(new_subjects - old_subjects)),
         subjects_vanished=tuple(sorted(old_subjects - new_subjects)),
@@ -141,5 +86,5 @@ def compare(old: dict, new: dict, since: Path) -> Changes:
         releases_vanished=tuple(r for r in order if r in old_releases - new_releases),
         geometries_appeared=diff(geo_new, geo_old), geometries_vanished=diff(geo_old, geo_new),
         backends_appeared=diff(be_new, be_old), backends_vanished=diff(be_old, be_new),
-        gone_stale=diff(_marked(new, "stale_findings"), _marked(old, "stale_findings")),
-        gone_unexercised=diff(_marked(new, "unexercised_findings"), _marked(old, "unexercised_findings")))
+        gone_stale=diff(_marked(new.stale_findings), _marked(old.stale_findings)),
+        gone_unexercised=diff(_marked(new.unexercised_findings), _marked(old.unexercised_findings)))

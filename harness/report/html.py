@@ -15,6 +15,7 @@ from html import escape
 
 from harness.report import cells, fold, history, sections
 from harness.report.cells import MARKS, Mark
+from harness.report.schema import Report
 
 _TONES = "".join(  # f0..f10: the passed fraction in tenths, pale to full green
     f".f{i}{{background:hsl(122,{30 + 3 * i}%,{93 - 4 * i}%)}}" for i in range(11))
@@ -174,13 +175,13 @@ def _bench_cell(b: sections.Bench | None) -> str:
             + "".join(" " + _html_mark(m, n) for m, n in b.beside) + "</td>")
 
 
-def _bench_section(data: dict) -> str:
+def _bench_section(data: Report) -> str:
     """The Performance section, as the markdown's: per subject its rows, the new findings first; then the stale
     known ones."""
-    if not data["performance"]:
+    if not data.performance:
         return ""
     out = [f'<h2>{_h(sections.BENCH_TITLE)}</h2><p class="legend">{_h(sections.BENCH_NOTE)}</p>']
-    for n, subject in enumerate(data["performance"]):
+    for n, subject in enumerate(data.performance):
         out.append(f'<h3>{_h(subject)}</h3><table id="p{n}"><tr>'
                    + "".join(f"<th>{_h(h)}</th>" for h in sections.BENCH_HEAD) + "</tr>")
         out += ["<tr>" + "".join(f'<td class="words">{_h(t)}</td>' for t in row.texts[:3]) + _bench_cell(row.cell)
@@ -192,7 +193,7 @@ def _bench_section(data: dict) -> str:
     return "".join(out)
 
 
-def _group(data: dict, g: sections.Group) -> str:
+def _group(data: Report, g: sections.Group) -> str:
     m = cells.mark(g.outcome)
     more = (f"<p>+{len(g.repros) - sections.REPROS_SHOWN:,} more REPRO lines (report.json <code>new_findings</code>)"
             "</p>" if len(g.repros) > sections.REPROS_SHOWN else "")
@@ -214,63 +215,63 @@ def _select(name: str, label: str, values: list[str]) -> str:
             + "".join(f'<option value="{_h(v)}">{_h(v)}</option>' for v in values) + "</select></label>")
 
 
-def _filters(data: dict) -> str:
-    rows = data["rows"]
-    outcomes = sorted({w for r in rows for w in r["counts"]}, key=cells.rank)
+def _filters(data: Report) -> str:
+    rows = data.rows
+    outcomes = sorted({w for r in rows for w in r.counts}, key=cells.rank)
     return ('<div class="filters">'
-            + _select("subject", "subject", sorted({r["subject"] for r in rows}))
-            + _select("release", "release", data["releases"])
-            + _select("check", "check", sorted({r["check"] for r in rows}, key=fold.check_key))
-            + _select("backend", "backend", list(data["backends"]))
-            + _select("dtype", "cache dtype", sorted({r["cache_dtype"] for r in rows if r["cache_dtype"]},
+            + _select("subject", "subject", sorted({r.subject for r in rows}))
+            + _select("release", "release", data.releases)
+            + _select("check", "check", sorted({r.check for r in rows}, key=fold.check_key))
+            + _select("backend", "backend", list(data.backends))
+            + _select("dtype", "cache dtype", sorted({r.cache_dtype for r in rows if r.cache_dtype},
                                                     key=lambda d: (d != "auto", d)))
             + _select("outcome", "outcome", outcomes)
             + '<button type="button" id="f-clear">clear</button></div>')
 
 
-def _runs(data: dict) -> str:
+def _runs(data: Report) -> str:
     """The runs folded, as the markdown's Runs section."""
-    out = [f"<h2>Runs folded ({len(data['runs'])})</h2><table id=\"runs\"><tr>"
+    out = [f"<h2>Runs folded ({len(data.runs)})</h2><table id=\"runs\"><tr>"
            + "".join(f"<th>{_h(h)}</th>" for h in sections.RUNS_HEAD) + "</tr>"]
     out += ["<tr>" + "".join(f'<td class="words">{_h(c)}</td>' for c in row) + "</tr>"
             for row in sections.runs_table(data)]
     out.append("</table>")
-    if any(r["partial"] for r in data["runs"]):
+    if any(r.partial for r in data.runs):
         out.append(f'<p class="legend">{_h(sections.RUNS_NOTE)}</p>')
-    if data["left_out"]:
+    if data.left_out:
         out.append("<p>Not folded (no <code>--run</code> names them): "
-                   + _h(", ".join(fold.run_text(data, r) for r in data["left_out"])) + "</p>")
+                   + _h(", ".join(fold.run_text(data, r) for r in data.left_out)) + "</p>")
     return "".join(out)
 
 
-def _rows(data: dict) -> str:
+def _rows(data: Report) -> str:
     """Every drill-down row: geometry x backends x cache dtype of a subject's release and check."""
     out = ['<div id="drill-home"></div><div id="drill"><h2>Rows</h2><p id="showing">every row</p><table id="rows">'
            "<tr><th>subject</th><th>release</th><th>check</th><th>geometry</th><th>backends</th><th>cache dtype</th>"
            "<th>words</th><th>REPRO</th></tr>"]
-    for r in data["rows"]:
-        c = cells.cell(r["counts"])
+    for r in data.rows:
+        c = cells.cell(r.counts)
         out.append(
-            f'<tr data-subject="{_h(r["subject"])}" data-release="{_h(r["release"])}" data-check="{_h(r["check"])}"'
-            f' data-backends="{_h(" ".join(r["backends"]))}" data-dtype="{_h(r["cache_dtype"])}"'
-            f' data-outcomes="{_h("|".join(r["counts"]))}">'
-            f"<td>{_h(r['subject'])}</td><td>{_h(r['release'])}</td><td>{_h(r['check'])}</td>"
-            f"<td>{_h(sections.label(r['geometry']))}</td><td>{_h(', '.join(r['backends']))}</td>"
-            f"<td>{_h(r['cache_dtype'])}</td>"
-            f'<td class="w {c.tone}">{_h(sections.words(r["check"], r["counts"]))}</td>'
-            f"<td>{''.join(f'<pre>{_h(x)}</pre>' for x in r['repros'])}</td></tr>")
+            f'<tr data-subject="{_h(r.subject)}" data-release="{_h(r.release)}" data-check="{_h(r.check)}"'
+            f' data-backends="{_h(" ".join(r.backends))}" data-dtype="{_h(r.cache_dtype)}"'
+            f' data-outcomes="{_h("|".join(r.counts))}">'
+            f"<td>{_h(r.subject)}</td><td>{_h(r.release)}</td><td>{_h(r.check)}</td>"
+            f"<td>{_h(sections.label(r.geometry))}</td><td>{_h(', '.join(r.backends))}</td>"
+            f"<td>{_h(r.cache_dtype)}</td>"
+            f'<td class="w {c.tone}">{_h(sections.words(r.check, r.counts))}</td>'
+            f"<td>{''.join(f'<pre>{_h(x)}</pre>' for x in r.repros)}</td></tr>")
     out.append("</table></div>")
     return "\n".join(out)
 
 
-def report_html(data: dict) -> str:
+def report_html(data: Report) -> str:
     """The report as one self-contained HTML page: the markdown report's content with a drill-down per cell and
     filters."""
-    releases, kinds = data["releases"], sections.groups(data)
-    tone = "red" if data["new_findings"] else "green" if data["runs"] else "none"  # none: no result line, not green
-    out = [f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"/><title>kvconform: {_h(data["verdict"])}'
+    releases, kinds = data.releases, sections.groups(data)
+    tone = "red" if data.new_findings else "green" if data.runs else "none"  # none: no result line, not green
+    out = [f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"/><title>kvconform: {_h(data.verdict)}'
            f"</title><style>{_CSS}</style></head><body>", "<h1>kvconform conformance report</h1>",
-           f'<p class="verdict {tone}">{_h(data["verdict"])}</p>']
+           f'<p class="verdict {tone}">{_h(data.verdict)}</p>']
     if said := sections.bench_verdict(data):
         out.append(f'<p class="bench-verdict">{_h(said)}</p>')
     for subject in sections.subjects(data):
@@ -280,11 +281,11 @@ def report_html(data: dict) -> str:
             + " ".join(f"{_html_mark(m, n)} {m.name}" for m, n in c.others))) + "</p>")
     out.append(_runs(data))
     if changed := sections.change_sections(data):
-        ch = data["changes"]
-        out.append(f'<div class="changes"><h2>Since {_h(ch["since"])} ({_h(ch["since_verdict"])})</h2>'
+        ch = data.changes
+        out.append(f'<div class="changes"><h2>Since {_h(ch.since)} ({_h(ch.since_verdict)})</h2>'
                    + "".join(_section(s) for s in changed) + "</div>")
-    elif "changes" in data:
-        out.append(f"<p>Since {_h(data['changes']['since'])}: no changes.</p>")
+    elif data.changes is not None:
+        out.append(f"<p>Since {_h(data.changes.since)}: no changes.</p>")
     if kinds:
         out.append("<h2>What broke (new findings, worst first)</h2>")
         out += [_group(data, g) for g in kinds[:sections.FIRST_GROUPS]]
@@ -297,7 +298,7 @@ def report_html(data: dict) -> str:
     out.append(f'<h2>Where: release × check</h2><p class="legend">{_h(sections.LEGEND)} Click a cell for its rows. '
                + " ".join(f'<span class="m {m.name}">{m.glyph}</span>&#160;{m.name} ({_h(m.meaning)})'
                           for m in MARKS) + "</p>")
-    if data["performance"]:
+    if data.performance:
         out.append(f'<p class="legend">{_h(sections.BENCH_LEGEND)}</p>')
     out.append(_filters(data))
     for n, subject in enumerate(sections.subjects(data)):
@@ -307,7 +308,7 @@ def report_html(data: dict) -> str:
                    + "".join(f"<th>{_h(c)}</th>" for c in columns)
                    + (f"<th>{_h(sections.BENCH_COLUMN)}</th>" if bench else "") + "</tr>")
         for release in releases:
-            cs = data["checks"].get(subject, {}).get(release, {})
+            cs = data.checks.get(subject, {}).get(release, {})
             tds = [_cell(cs.get(check, {}), check, {"subject": subject, "release": release, "check": check},
                          _spark(history.series(data, subject, release, check))) for check in columns]
             tds += [_bench_cell(sections.bench_cell(data, subject, release))] if bench else []
@@ -318,18 +319,18 @@ def report_html(data: dict) -> str:
             out.append(f'<h3>{_h(subject)}: release × cache dtype</h3><table id="d{n}"><tr><th>release</th>'
                        + "".join(f"<th>{_h(d)}</th>" for d in columns) + "</tr>")
             for release in releases:
-                ds = data["cache_dtypes"][subject].get(release, {})
+                ds = data.cache_dtypes[subject].get(release, {})
                 out.append(f'<tr><td class="rel">{_h(release)}</td>' + "".join(
                     _cell(ds.get(d, {}), "", {"subject": subject, "release": release, "dtype": d}) for d in columns)
                     + "</tr>")
             out.append("</table>")
         out.append("</section>")
     out += [_rows(data), _bench_section(data)]
-    if data["api_changes"]:
+    if data.api_changes:
         out.append(f'<h2>{_h(sections.API_TITLE)}</h2><p class="legend">{_h(sections.API_NOTE)}</p><ul id="api">'
-                   + "".join(f"<li><b>{_h(a['release'])}</b> (against {_h(a['before'])}): "
-                             + " · ".join(f"{_h(k)}: {_h(t)}" for k, t in a["said"].items()) + "</li>"
-                             for a in data["api_changes"]) + "</ul>")
+                   + "".join(f"<li><b>{_h(a.release)}</b> (against {_h(a.before)}): "
+                             + " · ".join(f"{_h(k)}: {_h(t)}" for k, t in a.said.items()) + "</li>"
+                             for a in data.api_changes) + "</ul>")
     out.append("<h2>Known findings (green, reported)</h2><ul>" + ("".join(
         f"<li>{_h(i)}: {_h(c)} {_h(o)} on {_h(rs)}, x{n:,}</li>" for i, c, o, rs, n in sections.known(data))
         or "<li>none</li>") + "</ul>")
@@ -339,7 +340,7 @@ def report_html(data: dict) -> str:
         f"<li>{_h(i)}: {_h(c)} on {_h(rs)}: {_h(d)}</li>" for i, c, rs, d in sections.unexercised(data))
         or "<li>none</li>") + "</ul>")
     out.append("<h2>Unsupported (the subject's reasons)</h2><ul>" + ("".join(
-        f"<li>{_h(u['subject'])}: {_h(u['reason'])} x{u['count']:,}</li>" for u in data["unsupported"])
+        f"<li>{_h(u.subject)}: {_h(u.reason)} x{u.count:,}</li>" for u in data.unsupported)
         or "<li>none</li>") + "</ul>")
     out.append("<h2>Backends (as the folded result lines name them)</h2><ul>" + (
         "".join(f"<li>{_h(b)}</li>" for b in sections.backend_lines(data)) or "<li>none recorded</li>") + "</ul>")
@@ -347,12 +348,12 @@ def report_html(data: dict) -> str:
     if len(kinds) > sections.FIRST_GROUPS:
         out.append("<h3>More new findings</h3>")
         out += [_group(data, g) for g in kinds[sections.FIRST_GROUPS:]]
-    for subject in sorted(data["checks"]):
+    for subject in sorted(data.checks):
         columns = sections.columns(data, subject)
         out.append(f"<h3>{_h(subject)}: every outcome word per release and check</h3><table><tr><th>release</th>"
                    + "".join(f"<th>{_h(c)}</th>" for c in columns) + "</tr>")
         for release in releases:
-            cs = data["checks"][subject].get(release, {})
+            cs = data.checks[subject].get(release, {})
             out.append(f'<tr><td class="rel">{_h(release)}</td>' + "".join(
                 f'<td class="words">{_h(sections.words(c, cs[c]))}</td>' if c in cs else '<td class="none">·</td>'
                 for c in columns) + "</tr>")
@@ -363,11 +364,11 @@ def report_html(data: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def _geometries(data: dict, subject: str) -> str:
+def _geometries(data: Report, subject: str) -> str:
     """The release x geometry matrix of a subject: a family heads its physical orders; a pseudo geometry (dense, *)
     heads its own column. The geometries are sorted by family, so each family's columns are contiguous."""
-    by_release = data["matrix"][subject]
-    geometries = [g for g in data["geometries"] if any(g in gs for gs in by_release.values())]
+    by_release = data.matrix[subject]
+    geometries = [g for g in data.geometries if any(g in gs for gs in by_release.values())]
     families: dict[str, int] = {}
     for g in geometries:
         families[sections.family(data, g)] = families.get(sections.family(data, g), 0) + 1
@@ -375,9 +376,9 @@ def _geometries(data: dict, subject: str) -> str:
            + "".join(f'<th colspan="{n}">{_h(f)}</th>' if f not in geometries
                      else f'<th rowspan="2">{_h(sections.label(f))}</th>' for f, n in families.items()) + "</tr><tr>"
            # <wbr/>: an order's name may break at its dots, so that 19 columns fit a screen
-           + "".join(f"<th>{_h(data['orders'][g]).replace('.', '.<wbr/>')}</th>" for g in geometries
-                     if g in data["families"]) + "</tr>"]
-    for release in data["releases"]:
+           + "".join(f"<th>{_h(data.orders[g]).replace('.', '.<wbr/>')}</th>" for g in geometries
+                     if g in data.families) + "</tr>"]
+    for release in data.releases:
         gs = by_release.get(release, {})
         out.append(f'<tr><td class="rel">{_h(release)}</td>' + "".join(
             _cell(gs[g], "", {}) if g in gs else '<td class="none">·</td>' for g in geometries) + "</tr>")

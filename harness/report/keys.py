@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import astuple, dataclass
 
 from harness.report import cells
+from harness.results import Result
 
 
 @dataclass(frozen=True, order=True)
@@ -33,22 +34,42 @@ class Key:
     check: str
 
 
-def classes(rows: list[dict]) -> dict[Key, str]:
-    """Each key's outcome class, from a report's rows (the report data's `rows`)."""
+@dataclass(frozen=True)
+class DrillRow:
+    """A drill-down row: one subject, release, check, geometry, backends and cache dtype, its word counts and up to
+    ROW_REPROS REPRO lines of its findings."""
+
+    subject: str
+    release: str
+    check: str
+    geometry: str
+    backends: tuple[str, ...]
+    cache_dtype: str
+    counts: dict[str, int]  # outcome word -> result lines, the worst word first
+    repros: tuple[str, ...]
+
+    @property
+    def keys(self) -> tuple[Key, ...]:
+        """The keys it stands for: one per backend it names (a line naming none: backend "")."""
+        return tuple(Key(self.subject, self.release, b, self.cache_dtype, self.geometry, self.check)
+                     for b in self.backends or ("",))
+
+
+def classes(rows: tuple[DrillRow, ...]) -> dict[Key, str]:
+    """Each key's outcome class, from a report's drill-down rows."""
     out: dict[Key, list[str]] = defaultdict(list)
     for row in rows:
-        cls = cells.class_of(row["counts"])
-        if all(cells.outcome_class(w) in cells.FINDING_CLASSES for w in row["counts"]):
+        cls = cells.class_of(row.counts)
+        if all(cells.outcome_class(w) in cells.FINDING_CLASSES for w in row.counts):
             continue  # a stale or unexercised finding's line: no check's outcome
-        for backend in row["backends"] or [""]:
-            out[Key(row["subject"], row["release"], backend, row["cache_dtype"], row["geometry"],
-                    row["check"])].append(cls)
+        for k in row.keys:
+            out[k].append(cls)
     return {k: cells.worst(v) for k, v in out.items()}
 
 
-def encoded(classes: dict[Key, str]) -> list[list[str]]:
+def encoded(classes: dict[Key, str]) -> tuple[tuple[str, ...], ...]:
     """The keys as report.json holds them: [subject, release, backend, cache dtype, geometry, check, class]."""
-    return [[*astuple(k), c] for k, c in sorted(classes.items())]
+    return tuple((*astuple(k), c) for k, c in sorted(classes.items()))
 
 
 def kind(diagnosis: str) -> str:
@@ -56,9 +77,7 @@ def kind(diagnosis: str) -> str:
     return re.sub(r"\d+", "#", diagnosis)
 
 
-def finding(line: dict) -> tuple[str, ...]:
-    """What identifies a failing result line's finding (as report.json holds the line): subject, release, check,
-    geometry, outcome and the kind of its diagnosis. Two lines with the same are one finding, however many runs, items
-    and examples they come from."""
-    return (line["subject"], line["release"], line["check"], line["geometry"], line["outcome"],
-            kind(line["diagnosis"]))
+def finding(line: Result) -> tuple[str, ...]:
+    """What identifies a failing result line's finding: subject, release, check, geometry, outcome and the kind of its
+    diagnosis. Two lines with the same are one finding, however many runs, items and examples they come from."""
+    return (line.subject, line.release, line.check, line.geometry, line.outcome.value, kind(line.diagnosis))

@@ -86,10 +86,11 @@ class Implementation:
         """A kept example read back from its file's `example`."""
         return Example.from_json(json.dumps(body))
 
-    def replayed(self, session: Session, geometry: str, example: Drawn) -> list[Target]:
-        """The session targets a kept example of `geometry` replays on: the check's own targets of that geometry,
-        that release's own contract of it (its layer is that release's setting and backend)."""
-        return [t for t in self.targets(session) if t.geometry == geometry]
+    def replayed(self, session: Session, targets: list[Target], geometry: str, example: Drawn) -> list[Target]:
+        """The session targets a kept example of `geometry` replays on, among the check's own `targets`
+        (`targets(session)`): those of that geometry, that release's own contract of it (its layer is that release's
+        setting and backend)."""
+        return [t for t in targets if t.geometry == geometry]
 
     def planned(self, session: Session, per_item: int, sample: Target | None) -> str:
         """What the run's header says of the examples an item of the check draws (`per_item` generated)."""

@@ -29,14 +29,17 @@ def regressions(session: Session, check: Check) -> list[Regression]:
     the CPU interpreter), bound to each session target its implementation replays it on (harness.run.implementation:
     by default the check's targets of the example's geometry)."""
     it = implementation.of(check)
+    paths = sorted((session.regressions_dir / session.subject_name).glob(f"{check.name}-*.json"))
+    targets = it.targets(session) if paths else []  # once, however many examples are kept
     out = []
-    for path in sorted((session.regressions_dir / session.subject_name).glob(f"{check.name}-*.json")):
+    for path in paths:
         body = json.loads(path.read_text())
         if body.get("device", device_kind(session.device)) != device_kind(session.device):
             continue
         ex = it.read(body["example"])
         digest = path.stem.split("-")[-1]
-        out += [Regression(t, ex, body.get("extra"), digest) for t in it.replayed(session, body["geometry"], ex)]
+        out += [Regression(t, ex, body.get("extra"), digest)
+                for t in it.replayed(session, targets, body["geometry"], ex)]
     return out
 
 
