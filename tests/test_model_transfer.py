@@ -1,9 +1,10 @@
 """The model-transfer check (harness.checks.model_transfer over harness.handed.model) can fail, and fails exactly where
 it should: each connector-side gallery consumer (examples/breakages: lmcache_4701, flat_regions, stated_order) is
-caught exactly where its rule, stated from the allocation record, says, over every recording, its twin nowhere;
-planted faults of each kind (an extract that writes, an inject that writes nothing, one that writes a neighbour, a
-payload that aliases the source), and a layout the recording does not state, are each caught with a diagnosis that
-names the layer and block; a REPRO line, pasted as printed, replays the one failing item.
+caught exactly where its rule, stated from the allocation record and the example's block ids, says, over every
+recording, its twin nowhere; planted faults of each kind (a save that writes, a load that writes nothing, one that
+writes a neighbour, a payload that aliases the source, a connector that moves a private copy), and a layout the
+recording does not state, are each caught with a diagnosis that names the layer and block; a connector that re-points
+the storage of the tensors it registers passes; a REPRO line, pasted as printed, replays the one failing item.
 """
 
 from __future__ import annotations
@@ -42,33 +43,53 @@ from breakages import flat_regions, lmcache_4701, stated_order  # noqa: E402
 SEEDS = (0, 1, 5)  # every manager block moved, then two subsets
 
 
-def _split(target) -> bool:
-    """The rule of LMCache #4701: some handed layer's manager block holds several kernel blocks."""
-    return any(h.layer.manager_block_size != h.layer.block_size for h in target.model.handed)
+def _moved(target, seed: int) -> set[int]:
+    """The KV cache groups the example moves blocks of."""
+    m = target.model
+    return {g for g, (src, _) in enumerate(model_transfer.group_moves(len(m.config.kv_cache_groups), m.num_blocks,
+                                                                      seed)) if src}
+
+
+def _split(target, seed: int) -> bool:
+    """The rule of LMCache #4701: some K/V layer whose manager block holds several kernel blocks has blocks moved."""
+    return any(h.kv.layer.manager_block_size != h.kv.layer.block_size and h.group in _moved(target, seed)
+               for h in target.model.kv)
 
 
 def _memory_order(h) -> list[str]:
-    """The axes of a handed layer's recorded view longer than 1, outermost first by their byte strides."""
-    named = dict(zip(h.contract.layout.logical, zip(h.view["shape"], h.view["stride_bytes"])))
+    """The axes of a K/V layer's recorded view longer than 1, outermost first by their byte strides."""
+    (view,) = h.views
+    named = dict(zip(h.kv.contract.layout.logical, zip(view["shape"], view["stride_bytes"])))
     return sorted((a for a, (n, _) in named.items() if n > 1), key=lambda a: -named[a][1])
 
 
-def _unstated_order(target) -> bool:
-    """Some handed layer's view is ordered in memory otherwise than its backend states (the contract's order)."""
-    return any(_memory_order(h) != [a for a in h.contract.layout.physical if a in _memory_order(h)]
-               for h in target.model.handed)
+def _unstated_order(target, seed: int) -> bool:
+    """Some K/V layer's view is ordered in memory otherwise than its backend states (the contract's order): the
+    connector refuses it whether or not its group has blocks moved."""
+    return any(_memory_order(h) != [a for a in h.kv.contract.layout.physical if a in _memory_order(h)]
+               for h in target.model.kv)
 
 
-def _not_flat_blocks(target) -> bool:
-    """Some handed layer's view is not one contiguous region with the blocks outermost."""
-    def flat(h) -> bool:
-        shape, stride = h.view["shape"], h.view["stride_bytes"]
-        size, want = getattr(torch, h.view["dtype"]).itemsize, []
-        for n in reversed(shape):
-            want.insert(0, size)
-            size *= n
-        return h.block_axis == 0 and all(n == 1 or s == w for n, s, w in zip(shape, stride, want))
-    return not all(flat(h) for h in target.model.handed)
+def _flat(view, block_axis: int) -> bool:
+    """A recorded view that is one contiguous region with its blocks outermost."""
+    shape, stride = view["shape"], view["stride_bytes"]
+    size, want = getattr(torch, view["dtype"]).itemsize, []
+    for n in reversed(shape):
+        want.insert(0, size)
+        size *= n
+    return block_axis == 0 and all(n == 1 or s == w for n, s, w in zip(shape, stride, want))
+
+
+def _contiguous(view) -> bool:
+    """A recorded view whose elements are one region in their logical order (`view(-1)` takes it)."""
+    return _flat(view, 0)
+
+
+def _not_flat_blocks(target, seed: int) -> bool:
+    """Some handed tensor is not one contiguous region (`view(-1)` raises, whatever is moved), or is one whose blocks
+    are not outermost while its group has blocks moved (rows of `shape[0]` are not its blocks)."""
+    return any(not _contiguous(v) or (not _flat(v, h.block_axis) and h.group in _moved(target, seed))
+               for h in target.model.handed for v in h.views)
 
 
 RULES = {lmcache_4701.ManagerIdsAsKernelIds: _split, stated_order.StatedOrderOnly: _unstated_order,
@@ -118,7 +139,7 @@ def test_each_connector_breakage_is_caught_exactly_where_its_rule_says(session, 
     rule = RULES[subject]
     targets = {(t.release.release, t.model.name): t for t in implementation.targets(session, checks.MODEL_TRANSFER)}
     verdicts = _verdicts(session, subject)
-    mismatches = sorted(k for k, got in verdicts.items() if (got is not None) != rule(targets[k[:2]]))
+    mismatches = sorted(k for k, got in verdicts.items() if (got is not None) != rule(targets[k[:2]], k[2]))
     assert not mismatches, (len(mismatches), mismatches[:10])
     caught = Counter(k[1] for k, got in verdicts.items() if got)
     assert caught, f"{subject.__name__} is caught nowhere"
@@ -139,50 +160,82 @@ def _target(session, release: str, name: str):
 class WritesTheSource(BlockMover):
     name = "writes-the-source"
 
-    def extract_blocks(self, kv_caches, layers, block_ids):
-        out = super().extract_blocks(kv_caches, layers, block_ids)
-        next(iter(kv_caches.values()))[0, 0, 0, 0] = 0  # one float16 element: 2 bytes
+    def take(self, tensor, layer, block_ids):
+        out = super().take(tensor, layer, block_ids)
+        if layer is not None:
+            tensor[0, 0, 0, 0] = 0  # one float16 element
         return out
 
 
-class InjectsNothing(BlockMover):
-    name = "injects-nothing"
+class LoadsNothing(BlockMover):
+    name = "loads-nothing"
 
-    def inject_blocks(self, kv_caches, layers, block_ids, payload):
+    def put(self, tensor, layer, block_ids, data):
         pass
 
 
 class WritesANeighbour(BlockMover):
-    """Also writes the first kernel block it was not asked for, in the last layer."""
+    """Also writes the first kernel block it was not asked for, in each K/V layer."""
 
     name = "writes-a-neighbour"
 
-    def inject_blocks(self, kv_caches, layers, block_ids, payload):
-        super().inject_blocks(kv_caches, layers, block_ids, payload)
-        name, kv = list(kv_caches.items())[-1]
-        axis, asked = self.block_axis(layers[name]), set(self.kernel_ids(layers[name], block_ids).tolist())
-        kv.select(axis, next(b for b in range(kv.shape[axis]) if b not in asked)).zero_()
+    def put(self, tensor, layer, block_ids, data):
+        super().put(tensor, layer, block_ids, data)
+        if layer is not None:
+            axis, asked = self.block_axis(layer), set(self.kernel_ids(layer, block_ids).tolist())
+            tensor.select(axis, next(b for b in range(tensor.shape[axis]) if b not in asked)).zero_()
 
 
 class AliasesTheSource(BlockMover):
-    """Its payload is the source's views and ids, read at inject: the source's reuse has overwritten them."""
+    """Its payload is the source's views and ids, read at load: the source's reuse has overwritten them."""
 
     name = "aliases-the-source"
 
-    def extract_blocks(self, kv_caches, layers, block_ids):
-        return {name: (kv, self.kernel_ids(layers[name], block_ids)) for name, kv in kv_caches.items()}
+    def take(self, tensor, layer, block_ids):
+        return tensor, self.blocks(tensor, layer, block_ids)
 
-    def inject_blocks(self, kv_caches, layers, block_ids, payload):
-        for name, kv in kv_caches.items():
-            source, ids = payload[name]
-            axis = self.block_axis(layers[name])
-            kv.index_copy_(axis, self.kernel_ids(layers[name], block_ids), source.index_select(axis, ids))
+    def put(self, tensor, layer, block_ids, data):
+        source, (axis, ids) = data
+        tensor.index_copy_(axis, self.blocks(tensor, layer, block_ids)[1], source.index_select(axis, ids))
+
+
+class MovesAPrivateCopy(BlockMover):
+    """Registers copies of the tensors it is handed and moves blocks between those: vLLM's never change."""
+
+    name = "moves-a-private-copy"
+
+    def register_kv_caches(self, kv_caches):
+        super().register_kv_caches({n: [t.clone() for t in x] if isinstance(x, list) else x.clone()
+                                    for n, x in kv_caches.items()})
+
+
+class RepointsStorage(BlockMover):
+    """Moves every registered tensor's bytes into storage of its own and re-points the tensor at it, in place (as
+    LMCache migrates caches to shared memory): vLLM's tensors then read the new storage."""
+
+    name = "repoints-storage"
+
+    def register_kv_caches(self, kv_caches):
+        for x in kv_caches.values():
+            for t in x if isinstance(x, list) else [x]:
+                t.set_(t.untyped_storage().clone(), t.storage_offset(), t.shape, t.stride())
+        super().register_kv_caches(kv_caches)
+
+
+def test_a_connector_that_repoints_storage_passes_and_one_that_moves_a_private_copy_fails(session):
+    for model_name in ("kernel-split", "hybrid-split"):
+        t = _target(session, "0.33.0", model_name)
+        s = dataclasses.replace(session, subject=RepointsStorage(), subject_name=RepointsStorage.name)
+        assert _outcome(s, t, 0) is None
+        s = dataclasses.replace(session, subject=MovesAPrivateCopy(), subject_name=MovesAPrivateCopy.name)
+        got = _outcome(s, t, 0)
+        assert got is not None and "still the poison they were given" in got, got
 
 
 @pytest.mark.parametrize("subject, said", [
-    (WritesTheSource, "changed 2 bytes of the source allocations"),
-    (InjectsNothing, "every byte of the target allocations is still the poison"),
-    (WritesANeighbour, "outside the moved kernel blocks changed (first at byte "),
+    (WritesTheSource, "changed 1 elements of layer layers.0's tensor 0 on the source"),
+    (LoadsNothing, "every element of the target's handed tensors is still the poison"),
+    (WritesANeighbour, "changed although nothing was loaded there"),
     (AliasesTheSource, "a payload that aliases the source reads its reused, poisoned blocks"),
 ], ids=lambda x: getattr(x, "__name__", ""))
 def test_planted_faults_are_caught_with_what_and_where(session, subject, said):
@@ -226,11 +279,11 @@ def test_the_layer_value_says_both_block_sizes():
     r = load_release("0.33.0", store.ROOT)
     taken, _ = model_transfer.models_of(r)
     split = next(m for m in taken if m.name == "kernel-split")
-    layer = split.handed[0].layer
+    layer = split.kv[0].kv.layer
     assert (layer.block_size, layer.manager_block_size, layer.kv_cache_layout) == (64, 256, "LBNHC")
     assert "manager blocks of 256 tokens" in layer.describe()
-    views = model.tensor(split.handed[0], model.allocated(split.allocations, "cpu"))
-    assert views.shape[split.handed[0].block_axis] == 20  # 5 manager blocks of 4 kernel blocks
+    (views,) = model.tensors(split.kv[0], model.allocated(split.allocations, "cpu"))
+    assert views.shape[split.kv[0].block_axis] == 20  # 5 manager blocks of 4 kernel blocks
 
 
 def test_a_failing_connector_prints_a_repro_that_replays_its_one_item(tmp_path):
@@ -265,9 +318,9 @@ def test_kernels_are_handed_what_a_split_models_layers_get_but_for_old_hybrid_at
     # blocks are outermost in memory (no contract-level check hands a kernel that view).
     unlike = set()
     for t in implementation.targets(session, checks.MODEL_TRANSFER):
-        for h in t.model.handed:
-            got = model.tensor(h, model.allocated(t.model.allocations, "meta"))
-            drawn = views.allocate(h.contract, h.dims, MODEL_DTYPE, "meta")
+        for h in t.model.kv:
+            (got,) = model.tensors(h, model.allocated(t.model.allocations, "meta"))
+            drawn = views.allocate(h.kv.contract, h.kv.dims, MODEL_DTYPE, "meta")
             if (got.shape, got.stride()) != (drawn.shape, drawn.stride()):
                 unlike.add((t.release.release, t.model.name))
     hybrid = {r.release for r in session.releases if version_key(r.release) < version_key("0.23")} - {

@@ -848,7 +848,8 @@ def test_one_finding_however_many_runs_and_replays_fold(tmp_path):
     transfer_line(root, "0.33.0", "other-split", "differs", ("FLASHINFER",), diagnosis=MOVED_WRONG.format(n=2))
     transfer_line(root, "0.32.0", "split-kernels", "differs", ("FLASHINFER",), diagnosis=MOVED_WRONG.format(n=2))
     transfer_line(root, "0.32.0", "split-kernels", "differs", ("FLASHINFER",),
-                  diagnosis="extract_blocks of manager blocks [3] -> [2] of 16 changed 64 bytes of the source")
+                  diagnosis="save of manager blocks group 0: [3] -> [2] of 16 changed 64 elements of layer layers.0's "
+                            "tensor 0 on the source")
     data = fold(root)
     assert data.verdict.startswith("RED: 4 new findings in 2 releases"), data.verdict
     md = report_md(data)

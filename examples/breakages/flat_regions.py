@@ -15,12 +15,13 @@ class FlatRegions(BlockMover):
 
     name = "flat-regions"
 
-    def extract_blocks(self, kv_caches, layers, block_ids):
-        return {name: _rows(kv)[self.kernel_ids(layers[name], block_ids)].clone() for name, kv in kv_caches.items()}
+    def take(self, tensor, layer, block_ids):
+        _, ids = self.blocks(tensor, layer, block_ids)
+        return _rows(tensor)[ids].clone()
 
-    def inject_blocks(self, kv_caches, layers, block_ids, payload):
-        for name, kv in kv_caches.items():
-            _rows(kv)[self.kernel_ids(layers[name], block_ids)] = payload[name]
+    def put(self, tensor, layer, block_ids, data):
+        _, ids = self.blocks(tensor, layer, block_ids)
+        _rows(tensor)[ids] = data
 
 
 def _rows(kv_cache):

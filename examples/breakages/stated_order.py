@@ -11,18 +11,21 @@ from offloader import Offloader
 
 
 class StatedOrderOnly(BlockMover):
-    """Each layer's K and V through the example offloader, which refuses a memory order the backend does not state."""
+    """Each layer's K and V through the example offloader, which refuses a memory order the backend does not state
+    (the tensors with no layer value as the block mover moves them)."""
 
     name = "stated-order-only"
     offloader = Offloader()
 
-    def extract_blocks(self, kv_caches, layers, block_ids):
-        return {name: self.offloader.extract(kv, layers[name], self.kernel_ids(layers[name], block_ids))
-                for name, kv in kv_caches.items()}
+    def take(self, tensor, layer, block_ids):
+        if layer is None:
+            return super().take(tensor, layer, block_ids)
+        return self.offloader.extract(tensor, layer, self.kernel_ids(layer, block_ids))
 
-    def inject_blocks(self, kv_caches, layers, block_ids, payload):
-        for name, kv in kv_caches.items():
-            self.offloader.inject(kv, layers[name], self.kernel_ids(layers[name], block_ids), payload[name])
+    def put(self, tensor, layer, block_ids, data):
+        if layer is None:
+            return super().put(tensor, layer, block_ids, data)
+        self.offloader.inject(tensor, layer, self.kernel_ids(layer, block_ids), data)
 
 
 class TensorsOwnOrder(BlockMover):

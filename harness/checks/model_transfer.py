@@ -1,9 +1,11 @@
-"""model-transfer: a connector handed a whole model's caches, as vLLM's `register_kv_caches` hands them, moves exactly
-the manager blocks it is asked for: each layer's kernel blocks of a target manager block, read through the layer's
-own view, hold those of the source manager block, and no other byte of the model's allocations changed (overlaid
-groups, shared layers, layers not handed, padding); extract leaves the source as it was. Block ids are the
-scheduler's (manager blocks); a layer's view is indexed by kernel blocks, `layer.manager_block_size //
-layer.block_size` of them per manager block where the release splits them.
+"""model-transfer: a connector, driven as vLLM drives a KV connector over a whole model, moves exactly the blocks it
+is asked for. Built from the model's KV cache config and handed every tensor `register_kv_caches` receives (K/V
+layers, Mamba states, latent and indexer caches), it saves the source's blocks of each KV cache group and loads them
+at other block ids of another allocation of the model: through the handed tensors, each layer's kernel blocks of a
+target manager block hold those of the source manager block, nothing else of them changed, and the save left the
+source as it was. Block ids are the scheduler's: manager blocks, one tensor per group, from one pool; a layer's
+view is indexed by kernel blocks, `layer.manager_block_size // layer.block_size` of them per manager block where the
+release splits them.
 
 Its targets are the models each release's allocation record holds (harness.handed.model); its examples are seeds
 of block moves and source bytes (`Moves`).
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -49,7 +52,7 @@ class ModelTarget(Target):
     def described(self) -> dict[str, object]:
         """The model's layout, and the backends of the layers it hands."""
         c = self.contract
-        return dict(backends=tuple(sorted({h.contract.origin.backend_name for h in self.model.handed})),
+        return dict(backends=tuple(sorted({h.kv.contract.origin.backend_name for h in self.model.kv})),
                     cache_dtype=c.cache_dtype, family=c.layout.family, order=self.model.layout,
                     layers="cross-layer" if c.layout.shared else "per-layer")
 
@@ -96,7 +99,7 @@ def model_targets(session: Session) -> list[ModelTarget]:
     """Every model of each session release whose allocation hands a connector K/V layers that the session selects
     (their backends and cache dtype)."""
     return [ModelTarget(r, m.contract, model=m) for r in session.releases for m in models_of(r)[0]
-            if all(session.selects(h.contract) for h in m.handed)]
+            if all(session.selects(h.kv.contract) for h in m.kv)]
 
 
 def models_of(r: ReleaseContracts) -> tuple[list[Model], dict[str, str]]:
@@ -129,61 +132,109 @@ def coverage(session: Session) -> list[str]:
     return out
 
 
-def moved(t: Trial) -> Outcome:
-    """The outcome of moving manager blocks of a whole model with the subject (which blocks, and the
-    source's bytes: the example's seed): extracted from every layer the connector is handed, the source allocations
-    then poisoned, injected at other manager block ids into fresh, poisoned allocations of the same model.
-    bit-identical when each handed layer's kernel blocks of every target manager block, read through the layer's
-    own view, hold those of its source manager block, and no other byte of the allocations changed (overlaid groups,
-    shared layers, layers not handed, padding)."""
-    m, seed = t.target.model, t.example.seed
-    src, dst = moves(list(range(m.num_blocks)), m.num_blocks, seed)
-    said = f"manager blocks {src} -> {dst} of {m.num_blocks}"
-    device = t.device
-    source = model.allocated(m.allocations, device)
-    g = torch.Generator().manual_seed(seed)
-    for b in source:
-        b.copy_(torch.randint(-128, 128, b.shape, dtype=torch.int8, generator=g))
-    before = [b.clone() for b in source]
-    layers = {h.name: h.layer for h in m.handed}
-    source_ids, target_ids = (torch.tensor(x, dtype=torch.int64, device=device) for x in (src, dst))
-    payload = t.call(t.subject.extract_blocks, model.kv_caches(m, source), layers, source_ids)
-    changed = sum(int((a != b).sum()) for a, b in zip(source, before))
-    if changed:
-        return Outcome(Word.DIFFERS, f"extract_blocks of {said} changed {changed} bytes of the source allocations")
-    for b in source:
-        b.fill_(model.POISON)
+def group_moves(groups: int, num_blocks: int, seed: int) -> tuple[tuple[list[int], list[int]], ...]:
+    """Per KV cache group, (source, target) manager block ids, as the scheduler hands them: drawn from one pool of
+    `num_blocks`, so that no id is in two groups on either side (groups overlay the same bytes); the moved blocks
+    (harness.checks.transfer.moves: all of them for seed 0) dealt to the groups in turn, in an order the seed draws."""
+    src, dst = moves(list(range(num_blocks)), num_blocks, seed)
+    pairs = list(zip(src, dst))
+    random.Random(seed).shuffle(pairs)
+    return tuple(([s for s, _ in pairs[g::groups]], [d for _, d in pairs[g::groups]]) for g in range(groups))
 
-    target = model.allocated(m.allocations, device)
-    t.call(t.subject.inject_blocks, model.kv_caches(m, target), layers, target_ids, payload)
-    if all(bool((b == model.POISON).all()) for b in target):
-        return Outcome(Word.DIFFERS, "after inject_blocks every byte of the target allocations is still the poison "
-                                     "they were allocated with: it wrote nothing, or only poison (a payload that "
-                                     f"aliases the source reads its reused, poisoned blocks) ({said})")
-    expected = model.allocated(m.allocations, device)
+
+def _ints(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s elements as integers of their width: the bytes written and compared, whatever the view type."""
+    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def _compared(t: torch.Tensor) -> torch.Tensor:
+    """`t` as the bitwise comparison reads it: a raw byte view (a Mamba page of int8) as unsigned bytes."""
+    return t.view(torch.uint8) if t.dtype == torch.int8 else t
+
+
+def _registered(kv_caches: dict[str, torch.Tensor | list[torch.Tensor]]) -> dict[str, torch.Tensor | list]:
+    """The handed tensors themselves (the dict and its lists copied, not the tensors): what vLLM's runner keeps and
+    reads through, whatever the connector does to the dict it is handed."""
+    return {name: list(x) if isinstance(x, list) else x for name, x in kv_caches.items()}
+
+
+def moved(t: Trial) -> Outcome:
+    """The outcome of moving manager blocks of a whole model with the subject as vLLM drives a KV connector (which
+    blocks of which group, and the source's bytes: the example's seed): two connectors built from the model's KV
+    cache config and its attention layers' values, each registered once with every tensor of its own allocation of
+    the model; the source's tensors then written with random bytes and the target's poisoned, through the handed
+    tensors (registration may re-point their storage); the source saves its groups' blocks, the target loads the
+    payload at other block ids. bit-identical when, through the handed tensors, every layer's kernel blocks of each
+    target manager block hold those of its source manager block, nothing else of any handed tensor changed, and the
+    save left the source as it was."""
+    m, seed = t.target.model, t.example.seed
+    groups = group_moves(len(m.config.kv_cache_groups), m.num_blocks, seed)
+    said = ("manager blocks " + "; ".join(f"group {g}: {s} -> {d}" for g, (s, d) in enumerate(groups))
+            + f" of {m.num_blocks}")
+    device = t.device
+    layer = m.kv[0].kv.layer  # a connector runs in its release: its modules and layout setting in force
+    ids = [tuple(torch.tensor(x[side], dtype=torch.int64, device=device) for x in groups) for side in (0, 1)]
+
+    def side(buffers: list[torch.Tensor]) -> tuple[object, dict[str, tuple[torch.Tensor, ...]]]:
+        """A connector registered with `buffers`' tensors, and those tensors by name, as vLLM keeps them."""
+        caches = model.kv_caches(m, buffers)
+        kept = _registered(caches)
+        connector = t.call(t.subject.connector, m.config, m.layers)
+        t.call(connector.register_kv_caches, caches, layer=layer)
+        return connector, {h.name: model.handed_tensors(h, kept) for h in m.handed}
+
+    source, read_source = side(model.allocated(m.allocations, device))
+    g = torch.Generator().manual_seed(seed)
     for h in m.handed:
-        want, was = model.tensor(h, expected), model.tensor(h, before)
-        for s, d in zip(src, dst):
-            for ks, kd in zip(h.kernel_blocks[s], h.kernel_blocks[d]):
-                model.kernel_block(want, h, kd).copy_(model.kernel_block(was, h, ks))
+        for x in read_source[h.name]:
+            _ints(x).copy_(torch.randint(-2**(8 * x.element_size() - 1), 2**(8 * x.element_size() - 1) - 1,
+                                         x.shape, dtype=_ints(x).dtype, generator=g))
+    before = {name: tuple(x.clone() for x in xs) for name, xs in read_source.items()}
+    payload = t.call(source.save, ids[0], layer=layer)
     for h in m.handed:
-        got, want = model.tensor(h, target), model.tensor(h, expected)
-        axes = tuple(a for i, a in enumerate(h.contract.layout.logical) if i != h.block_axis)
-        for s, d in zip(src, dst):
-            kernel = h.kernel_blocks[d]
-            for j, (ks, kd) in enumerate(zip(h.kernel_blocks[s], kernel)):
-                o = compare(model.kernel_block(got, h, kd), model.kernel_block(want, h, kd),
-                            f"layer {h.name}: kernel block {kd} (block {j} of {len(kernel)} in manager block {d}) "
-                            f"should hold source manager block {s}'s kernel block {ks} ({said})", axes)
-                if o.word != Word.BIT_IDENTICAL:
-                    return Outcome(o.word, o.diagnosis, f"layer={h.name} block={d} kernel_block={kd}")
-    for i, (a, b) in enumerate(zip(target, expected)):
-        wrong = (a != b).nonzero()
-        if wrong.numel():
-            first = int(wrong[0])
-            at, place = model.owner(m, i, first)
-            return Outcome(Word.DIFFERS, f"{wrong.numel()} bytes of allocation {i} outside the moved kernel blocks "
-                                         f"changed (first at byte {first}: {at}; {said})", place)
+        for i, (x, was) in enumerate(zip(read_source[h.name], before[h.name])):
+            if changed := int((_ints(x) != _ints(was)).sum()):
+                return Outcome(Word.DIFFERS, f"save of {said} changed {changed} elements of layer {h.name}'s "
+                                             f"tensor {i} on the source")
+    for xs in read_source.values():  # the source's blocks are reused: a payload must own its data
+        for x in xs:
+            _ints(x).fill_(model.POISON)
+
+    target, read_target = side(model.allocated(m.allocations, device))
+    for xs in read_target.values():
+        for x in xs:
+            _ints(x).fill_(model.POISON)
+    t.call(target.load, ids[1], payload, layer=layer)
+    if all(bool((_ints(x) == model.POISON).all()) for xs in read_target.values() for x in xs):
+        return Outcome(Word.DIFFERS, "after load every element of the target's handed tensors is still the poison "
+                                     "they were given: it wrote nothing to them (a private copy?), or only poison (a "
+                                     f"payload that aliases the source reads its reused, poisoned blocks) ({said})")
+    for h in m.handed:
+        src, dst = groups[h.group]
+        # A manager block another group loads is that group's page, whatever bytes it shares with this layer's view.
+        theirs = {b for g, (_, d) in enumerate(groups) if g != h.group for b in d}
+        axes = tuple(a for i, a in enumerate(h.kv.contract.layout.logical) if i != h.block_axis) if h.kv else None
+        wants = model.tensors(h, model.allocated(m.allocations, device))
+        for i, (got, want, was) in enumerate(zip(read_target[h.name], wants, before[h.name])):
+            where = f"layer {h.name}" + (f" tensor {i}" if h.listed else "")
+            for s, d in zip(src, dst):
+                kernel = h.kernel_blocks[d]
+                for j, (ks, kd) in enumerate(zip(h.kernel_blocks[s], kernel)):
+                    model.kernel_block(want, h, kd).copy_(model.kernel_block(was, h, ks))
+                    o = compare(_compared(model.kernel_block(got, h, kd)), _compared(model.kernel_block(want, h, kd)),
+                                f"{where}: kernel block {kd} (block {j} of {len(kernel)} in manager block {d} of group "
+                                f"{h.group}) should hold source manager block {s}'s kernel block {ks} ({said})", axes)
+                    if o.word != Word.BIT_IDENTICAL:
+                        return Outcome(o.word, o.diagnosis, f"layer={h.name} block={d} kernel_block={kd}")
+            for manager, kernel in enumerate(h.kernel_blocks):
+                if manager in theirs:
+                    continue
+                for k in kernel:
+                    if n := int((_ints(model.kernel_block(got, h, k)) != _ints(model.kernel_block(want, h, k))).sum()):
+                        return Outcome(Word.DIFFERS, f"{n} elements of {where}'s kernel block {k}, in manager block "
+                                                     f"{manager} of group {h.group}, changed although nothing was "
+                                                     f"loaded there ({said})",
+                                       f"layer={h.name} block={manager} kernel_block={k}")
     return Outcome(Word.BIT_IDENTICAL)
 
 
@@ -198,9 +249,9 @@ class ModelTransfer(Implementation):
         return explicit(target.model)
 
     def refusal(self, t: Trial, session: Session) -> str | None:
-        """The first handed layer the subject's `supports_layer` refuses, in its words."""
-        return next((f"{h.name}: {why}" for h in t.target.model.handed if (why := t.call(
-            supports_layer, session.subject, session.subject_name, h.layer, session.capabilities))), None)
+        """The first K/V layer the subject's `supports_layer` refuses, in its words."""
+        return next((f"{h.name}: {why}" for h in t.target.model.kv if (why := t.call(
+            supports_layer, session.subject, session.subject_name, h.kv.layer, session.capabilities))), None)
 
     def read(self, body: dict) -> Moves:
         return Moves.from_json(json.dumps(body))

@@ -3,17 +3,18 @@
 strides and offset, and which kernel blocks (the blocks of a layer's view) make up each manager block (the
 scheduler's block, which the block ids a KV connector gets count).
 
-The model-transfer check (harness.checks.model_transfer) hands a subject what `register_kv_caches` receives,
-the layers' views by name, with a layer value for each (harness.handed.layer.Layer, whose `block_size` is the kernel
-block's and `manager_block_size` the manager block's), then manager block ids. Only attention layers holding K
-and V are handed: a Mamba layer's states and latent or indexer caches are not K/V. Their bytes still count: a move
-leaves every byte outside the moved kernel blocks of the handed layers as it was, where groups overlay each other
-and layers share.
+The model-transfer check (harness.checks.model_transfer) hands a connector what vLLM hands one: the allocation's KV
+cache config (`CacheConfig`, read off the record: its groups with their specs' class names and block sizes, its
+tensors with the layers sharing each), a layer value for each attention layer holding K and V
+(harness.handed.layer.Layer, whose `block_size` is the kernel block's and `manager_block_size` the manager block's),
+then every tensor `register_kv_caches` receives, in the release's form: attention K/V, a Mamba layer's states (one
+tensor, or a list of them up to vLLM 0.26), latent and indexer caches; then block ids, one tensor per group.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, make_dataclass, replace
+from functools import cache
 from typing import Any
 
 import torch
@@ -29,22 +30,72 @@ POISON = -1  # the byte a fresh allocation holds: 0xFF, NaN in every float view 
 
 
 @dataclass(frozen=True)
-class Handed:
-    """One layer a connector is handed: its name, its layer value, its recorded view and its kernel blocks."""
+class KV:
+    """What an attention layer holding K and V is besides its tensor: its layer value, its contract and sizes."""
 
-    name: str
     layer: Layer
-    view: dict[str, Any]  # harness.probe.allocation.view_bytes: allocation, shape, stride_bytes, offset_bytes, dtype
-    block_axis: int
-    kernel_blocks: tuple[tuple[int, ...], ...]  # per manager block, the kernel blocks it holds
     contract: Contract  # the release's contract of its backend under the model's layout
     dims: Dims  # its sizes: kernel blocks, kernel block size, heads, head size, and its place among the layers
 
 
 @dataclass(frozen=True)
+class Handed:
+    """One name `register_kv_caches` receives: its group, its recorded views (one tensor; a Mamba layer's states up
+    to vLLM 0.26: a list of them), the axis of its blocks and the kernel blocks of each manager block."""
+
+    name: str
+    group: int
+    views: tuple[dict[str, Any], ...]  # harness.probe.allocation.view_bytes: allocation, shape, strides, offset, dtype
+    listed: bool  # handed as a list of tensors
+    block_axis: int
+    kernel_blocks: tuple[tuple[int, ...], ...]  # per manager block, the kernel blocks it holds
+    kv: KV | None  # an attention layer holding K and V; None for Mamba states, latent and indexer caches
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """A group's KV cache spec as a connector reads it off vLLM's KVCacheConfig; each recorded kind is a subclass
+    named as vLLM's class (`spec_class`), so that `type(spec).__name__` reads the same in replay."""
+
+    block_size: int  # the manager block's tokens
+    page_size_bytes: int
+
+
+@dataclass(frozen=True)
+class CacheGroup:
+    """vLLM's KVCacheGroupSpec: the layers of one group and their spec."""
+
+    layer_names: tuple[str, ...]
+    kv_cache_spec: CacheSpec
+
+
+@dataclass(frozen=True)
+class CacheTensor:
+    """vLLM's KVCacheTensor: one allocation's size in bytes and the layers that share it."""
+
+    size: int
+    shared_by: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """vLLM's KVCacheConfig as the probe recorded it, its field names vLLM's."""
+
+    num_blocks: int
+    kv_cache_tensors: tuple[CacheTensor, ...]
+    kv_cache_groups: tuple[CacheGroup, ...]
+
+
+@cache
+def spec_class(name: str) -> type[CacheSpec]:
+    """The stand-in of vLLM's KV cache spec class `name` (FullAttentionSpec, MambaSpec, ...)."""
+    return make_dataclass(name, [], bases=(CacheSpec,), frozen=True)
+
+
+@dataclass(frozen=True)
 class Model:
-    """One model configuration as one release allocates it: its allocations' sizes in bytes and the layers a K/V
-    connector is handed."""
+    """One model configuration as one release allocates it: its allocations' sizes in bytes, its KV cache config
+    and every name a KV connector is handed."""
 
     release: str
     name: str
@@ -52,6 +103,17 @@ class Model:
     num_blocks: int  # manager blocks
     allocations: tuple[int, ...]
     handed: tuple[Handed, ...]
+    config: CacheConfig
+
+    @property
+    def kv(self) -> tuple[Handed, ...]:
+        """The attention layers holding K and V."""
+        return tuple(h for h in self.handed if h.kv is not None)
+
+    @property
+    def layers(self) -> dict[str, Layer]:
+        """The attention layers' values by name, as a connector is handed them."""
+        return {h.name: h.kv.layer for h in self.kv}
 
     @property
     def geometry(self) -> str:
@@ -60,14 +122,14 @@ class Model:
 
     @property
     def contract(self) -> Contract:
-        """The geometry of the layers it hands (the release's contract of the first one's backend)."""
-        return self.handed[0].contract
+        """The geometry of the K/V layers it hands (the release's contract of the first one's backend)."""
+        return self.kv[0].kv.contract
 
 
 def models(release: str, record: dict[str, Any] | None, contracts: tuple[Contract, ...], recording=None
            ) -> tuple[list[Model], dict[str, str]]:
-    """The models of a release's allocation record that hand a connector K/V layers, and why each other model (or
-    the whole release) is not taken. `recording`: the replayed release's (its stand-in backend classes)."""
+    """The models of a release's allocation record whose layers a connector is handed, one of them K/V, and why each
+    other model (or the whole release) is not taken. `recording`: the replayed release's (its stand-in backend classes)."""
     if not record or not record.get("read"):
         why = record.get("why", "not read") if record else "no allocation record"
         return [], {"*": f"the whole-model allocation was not read for vLLM {release}: {why}"}
@@ -81,7 +143,7 @@ def models(release: str, record: dict[str, Any] | None, contracts: tuple[Contrac
 
 
 class Outside(Exception):
-    """Why a recorded model is not one a K/V connector check takes."""
+    """Why a recorded model is not one the connector check takes."""
 
 
 def model(release: str, name: str, body: dict[str, Any], contracts: tuple[Contract, ...], recording=None) -> Model:
@@ -98,29 +160,43 @@ def model(release: str, name: str, body: dict[str, Any], contracts: tuple[Contra
     if spec is None:
         raise Outside(f"not a model kvconform defines ({', '.join(m.name for m in MODELS)})")
     cross = allocations.interleaved(body["layers"])
-    handed, unhanded = [], []
+    handed, others = [], []
     for layer_name, rec in body["layers"].items():
+        kv, what = None, body["groups"][rec["group"]]["spec"]
         backend = spec.layers[layer_name].backend
-        if not isinstance(backend, str) or isinstance(rec["layer"], list):
-            unhanded.append(f"{layer_name} ({body['groups'][rec['group']]['spec']})")
-            continue
-        contract = _contract(contracts, backend, spec.cache_dtype, body["layout"], cross)
-        if contract is None:
-            raise ContractError(f"vLLM {release} model {name}: no recorded contract of {backend} at "
-                                f"{spec.cache_dtype} under layout {body['layout']}"
-                                f"{' cross-layer' if cross else ''} describes its layer {layer_name}")
-        if contract.layout.latent:
-            unhanded.append(f"{layer_name} (latent {backend})")
-            continue
-        handed.append(_handed(release, layer_name, rec, contract, backend, body["layout"], len(body["layers"]), cross,
-                              tuple(body["allocations"]), recording))
-    if not handed:
-        raise Outside(f"none of its layers holds K and V ({', '.join(unhanded)})")
-    return Model(release, name, body["layout"], body["num_blocks"], tuple(body["allocations"]), tuple(handed))
+        if isinstance(backend, str) and not isinstance(rec["layer"], list):
+            contract = _contract(contracts, backend, spec.cache_dtype, body["layout"], cross)
+            if contract is None:
+                raise ContractError(f"vLLM {release} model {name}: no recorded contract of {backend} at "
+                                    f"{spec.cache_dtype} under layout {body['layout']}"
+                                    f"{' cross-layer' if cross else ''} describes its layer {layer_name}")
+            if contract.layout.latent:
+                what = f"latent {backend}"
+            else:
+                kv = _kv(release, layer_name, rec, contract, backend, body["layout"], len(body["layers"]), cross,
+                         recording)
+        if kv is None:
+            others.append(f"{layer_name} ({what})")
+        listed = isinstance(rec["layer"], list)
+        handed.append(Handed(layer_name, rec["group"], tuple(rec["layer"]) if listed else (rec["layer"],), listed,
+                             rec["block_axis"], tuple(tuple(b) for b in rec["kernel_blocks"]), kv))
+    if len(others) == len(handed):
+        raise Outside(f"none of its layers holds K and V ({', '.join(others)})")
+    return Model(release, name, body["layout"], body["num_blocks"], tuple(body["allocations"]), tuple(handed),
+                 config(body))
 
 
-def _handed(release: str, name: str, rec: dict[str, Any], contract: Contract, backend: str, layout: str,
-            num_layers: int, cross: bool, sizes: tuple[int, ...], recording) -> Handed:
+def config(body: dict[str, Any]) -> CacheConfig:
+    """A recorded model's KV cache config."""
+    return CacheConfig(body["num_blocks"],
+                       tuple(CacheTensor(t["size"], tuple(t["layers"])) for t in body["tensors"]),
+                       tuple(CacheGroup(tuple(g["layers"]), spec_class(g["spec"])(
+                           g["manager_block_size"], g["page_size_padded"] or g["page_size_bytes"]))
+                             for g in body["groups"]))
+
+
+def _kv(release: str, name: str, rec: dict[str, Any], contract: Contract, backend: str, layout: str,
+        num_layers: int, cross: bool, recording) -> KV:
     view = rec["layer"]
     index = int(name.split(".")[1]) if cross else 0
     dims = Dims(view["shape"][rec["block_axis"]], rec["kernel_block_size"], HEADS, HEAD_DIM,
@@ -128,14 +204,13 @@ def _handed(release: str, name: str, rec: dict[str, Any], contract: Contract, ba
     cls = vllm_api.backend_class(recording or release, backend)
     layer = replace(layer_for(contract, dims, MODEL_DTYPE, cls, release, recording),
                     kv_cache_layout=layout, manager_block_size=rec["manager_block_size"])
-    h = Handed(name, layer, view, rec["block_axis"], tuple(tuple(b) for b in rec["kernel_blocks"]), contract, dims)
     # The recorded view must have the contract's logical shape (a harness that matched the wrong contract says
     # so); its memory order may differ from the backend's stated one: that is what the whole-model level adds.
     want = [views.size(contract, a, dims) for a in contract.layout.logical]
     if view["shape"] != want:
         raise ContractError(f"vLLM {release} layer {name}'s recorded view {view['shape']} is not the logical shape "
                             f"{want} of {contract.describe()} at {dims}")
-    return h
+    return KV(layer, contract, dims)
 
 
 def _contract(contracts: tuple[Contract, ...], backend: str, cache_dtype: str, layout: str, cross: bool
@@ -157,42 +232,32 @@ def allocated(sizes: tuple[int, ...], device: str | torch.device) -> list[torch.
     return [torch.full((n,), POISON, dtype=torch.int8, device=device) for n in sizes]
 
 
-def tensor(h: Handed, buffers: list[torch.Tensor]) -> torch.Tensor:
-    """The view layer `h` is handed, into `buffers` (a model's allocations); ContractError for a recorded view its
-    element size does not align."""
-    v = h.view
-    dtype = getattr(torch, v["dtype"])
-    size = dtype.itemsize
-    if any(x % size for x in (*v["stride_bytes"], v["offset_bytes"])):
-        raise ContractError(f"layer {h.name}: recorded byte strides {v['stride_bytes']} and offset "
-                            f"{v['offset_bytes']} are not whole {v['dtype']} elements")
-    flat = buffers[v["allocation"]].view(dtype)
-    return flat.as_strided(v["shape"], [s // size for s in v["stride_bytes"]], v["offset_bytes"] // size)
+def tensors(h: Handed, buffers: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The views `h` is handed, into `buffers` (a model's allocations); ContractError for a recorded view its element
+    size does not align."""
+    out = []
+    for v in h.views:
+        dtype = getattr(torch, v["dtype"])
+        size = dtype.itemsize
+        if any(x % size for x in (*v["stride_bytes"], v["offset_bytes"])):
+            raise ContractError(f"layer {h.name}: recorded byte strides {v['stride_bytes']} and offset "
+                                f"{v['offset_bytes']} are not whole {v['dtype']} elements")
+        flat = buffers[v["allocation"]].view(dtype)
+        out.append(flat.as_strided(v["shape"], [s // size for s in v["stride_bytes"]], v["offset_bytes"] // size))
+    return tuple(out)
 
 
-def kv_caches(m: Model, buffers: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """What `register_kv_caches` receives for model `m` allocated in `buffers`: each handed layer's view by name."""
-    return {h.name: tensor(h, buffers) for h in m.handed}
+def kv_caches(m: Model, buffers: list[torch.Tensor]) -> dict[str, torch.Tensor | list[torch.Tensor]]:
+    """What `register_kv_caches` receives for model `m` allocated in `buffers`: each name's tensor (or list)."""
+    return {h.name: list(ts) if h.listed else ts[0] for h in m.handed for ts in [tensors(h, buffers)]}
+
+
+def handed_tensors(h: Handed, kv_caches: dict[str, torch.Tensor | list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+    """`h`'s tensors among what was registered (read back through them: registration may re-point their storage)."""
+    got = kv_caches[h.name]
+    return tuple(got) if h.listed else (got,)
 
 
 def kernel_block(t: torch.Tensor, h: Handed, k: int) -> torch.Tensor:
     """Kernel block `k` of layer `h`'s view `t`."""
     return t.select(h.block_axis, k)
-
-
-def owner(m: Model, allocation: int, byte: int) -> tuple[str, str]:
-    """What byte `byte` of allocation `allocation` is: the handed layer's kernel block and manager block that hold
-    it, or no handed layer's view; and the same as a REPRO's `where`."""
-    for h in m.handed:
-        v = h.view
-        if v["allocation"] != allocation:
-            continue
-        size = getattr(torch, v["dtype"]).itemsize
-        starts = torch.arange(m.allocations[allocation]).as_strided(v["shape"], v["stride_bytes"], v["offset_bytes"])
-        hit = ((starts <= byte) & (byte < starts + size)).nonzero()
-        if hit.numel():
-            k = int(hit[0][h.block_axis])
-            manager = next(i for i, ks in enumerate(h.kernel_blocks) if k in ks)
-            return (f"layer {h.name}'s kernel block {k}, in manager block {manager}",
-                    f"layer={h.name} block={manager} kernel_block={k}")
-    return "a byte of no handed layer's view (padding, or a layer not handed)", f"allocation={allocation} byte={byte}"

@@ -94,12 +94,12 @@ class Trial:
         with costs.phase("cache"):
             return views.allocate(ex.contract, ex.dims, ex.case.torch_dtype, self.device)
 
-    def call(self, fn, *args):
+    def call(self, fn, *args, layer: Layer | None = None):
         """Call into the subject; its ContractError is a contract-error, anything else it raises a subject-error.
-        A call handed a layer (or layers by name) runs with that layer's release in force
-        (harness.handed.layer.in_force).
+        A call runs with `layer`'s release in force (harness.handed.layer.in_force), by default that of the layer it
+        is handed (or the first of layers by name), if any.
         On CUDA the call is waited for, so that a fault of the subject's kernel is reported against this call."""
-        layer = next((a for a in args if isinstance(a, Layer)), None) or next(
+        layer = layer or next((a for a in args if isinstance(a, Layer)), None) or next(
             (x for a in args if isinstance(a, dict) for x in a.values() if isinstance(x, Layer)), None)
         try:
             with costs.phase("setting"), in_force(layer) if layer is not None else contextlib.nullcontext():

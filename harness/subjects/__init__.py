@@ -23,9 +23,11 @@ Not every subject is a kernel. A subject declares what it can do in `capabilitie
             the cache, a cache manager)
   transfer  it extracts the K/V of some blocks through its own views and injects them into another cache of the same
             contract (offloaders, connectors): `extract`, `inject`
-  connector it is handed a whole model's caches as vLLM's `register_kv_caches` hands a KV connector (the layers'
-            views by name, with a layer value each) and moves whole manager blocks of every layer, as a connector
-            saves and loads a request's blocks: `extract_blocks`, `inject_blocks` (harness.handed.model)
+  connector it is driven as vLLM drives a KV connector over a whole model (harness.handed.model): built once per
+            side with the model's KV cache config and its attention layers' values, `connector(kv_cache_config,
+            layers)`, and on what that returns: `register_kv_caches` once with every tensor the release registers,
+            then `save` on the source side and `load` on the target side of manager block ids, one tensor per KV
+            cache group (`Connector`)
   forward   it runs attention over paged and dense K/V (kernels): `tile_config`, `paged_forward`, `dense_forward`
   autotune  its forwards, handed `tile` None, pick their tile config per call among `autotune_configs(case)` (an
             autotuner that can time them here): the ulp-autotuned check
@@ -57,6 +59,7 @@ import torch
 from harness.draws.cases import Case
 from harness.handed.cache import Paging
 from harness.handed.layer import Layer
+from harness.handed.model import CacheConfig
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ class SparsitySemantics:
 SPLIT, TRANSFER, CONNECTOR, FORWARD, AUTOTUNE = "split", "transfer", "connector", "forward", "autotune"
 CAPABILITIES = (SPLIT, TRANSFER, CONNECTOR, FORWARD, AUTOTUNE)
 DEFAULT_CAPABILITIES = frozenset({SPLIT, FORWARD})  # a subject that declares nothing: a kernel
-METHODS = {SPLIT: ("split",), TRANSFER: ("extract", "inject"), CONNECTOR: ("extract_blocks", "inject_blocks"),
+METHODS = {SPLIT: ("split",), TRANSFER: ("extract", "inject"), CONNECTOR: ("connector",),
            FORWARD: ("tile_config", "paged_forward", "dense_forward"), AUTOTUNE: ("autotune_configs",)}
 
 
@@ -158,16 +161,29 @@ class Subject(Protocol):
         """(transfer) Write `payload` (extract's, same length) into blocks `block_ids` of another layer's kv_cache of
         the same layout, in place, touching nothing else."""
 
-    def extract_blocks(self, kv_caches: dict[str, torch.Tensor], layers: dict[str, Layer], block_ids: torch.Tensor
-                       ) -> object:
-        """(connector) Every layer's K and V of manager blocks `block_ids` (the scheduler's ids: each holds
-        `layer.manager_block_size // layer.block_size` blocks of the layer's view), from `kv_caches` as
-        `register_kv_caches` receives them, as a payload that owns its data."""
+    def connector(self, kv_cache_config: CacheConfig, layers: dict[str, Layer]) -> Connector:
+        """(connector) A new connector of one side of a transfer, as vLLM builds one: the model's KV cache config
+        (its groups' layer names and specs, its tensors) and the values of its attention layers holding K and V by
+        name."""
 
-    def inject_blocks(self, kv_caches: dict[str, torch.Tensor], layers: dict[str, Layer], block_ids: torch.Tensor,
-                      payload: object) -> None:
-        """(connector) Write `payload` (extract_blocks', same length) into manager blocks `block_ids` of another
-        allocation of the same model, in place, touching nothing else."""
+
+class Connector(Protocol):
+    """What a subject's `connector` returns: one side of a transfer, as vLLM's worker drives it."""
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor | list[torch.Tensor]]) -> None:
+        """Every tensor the release registers, by layer name: K/V caches, a Mamba layer's states (a tensor, or a
+        list of them up to vLLM 0.26), latent and indexer caches. Called once; the connector may re-point their
+        storage (the caller reads and writes through these tensors afterwards, never through others)."""
+
+    def save(self, block_ids: tuple[torch.Tensor, ...]) -> object:
+        """(source) The blocks of each KV cache group's manager block ids (int64, one tensor per group in the
+        config's order: the scheduler's ids, each holding `manager_block_size // block_size` blocks of a K/V layer's
+        view) of every registered tensor of the group, as a payload that owns its data: the blocks are reused as
+        soon as save returns."""
+
+    def load(self, block_ids: tuple[torch.Tensor, ...], payload: object) -> None:
+        """(target) Write `payload` (save's, same lengths per group) into these manager blocks of the registered
+        tensors, in place, touching nothing else."""
 
 
 class Launched:
