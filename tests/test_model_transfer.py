@@ -4,7 +4,9 @@ caught exactly where its rule, stated from the allocation record and the example
 recording, its twin nowhere; planted faults of each kind (a save that writes, a load that writes nothing, one that
 writes a neighbour, a payload that aliases the source, a connector that moves a private copy), and a layout the
 recording does not state, are each caught with a diagnosis that names the layer and block; a connector that re-points
-the storage of the tensors it registers passes; a REPRO line, pasted as printed, replays the one failing item.
+the storage of the tensors it registers passes; a connector that needs vLLM's own classes is not run in a replay;
+the installed release's KV cache config is handed only where it reads as the recorded one; a REPRO line, pasted as
+printed, replays the one failing item.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import re
 import shlex
 import subprocess
 import sys
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -24,7 +27,7 @@ import torch
 
 from harness import checks
 from harness.checks import model_transfer, transfer
-from harness.contract import views
+from harness.contract import ContractError, views
 from harness.handed import model
 from harness.matrix import version_key
 from harness.probe.observe import MODEL_DTYPE
@@ -273,6 +276,45 @@ def test_unsupported_layers_are_unsupported_never_a_pass(session):
                                                    model_transfer.Moves("kernel-split", 0), None, ""),
                                         checks.MODEL_TRANSFER)
     assert state.ran == 0 and state.unsupported == {"layers.0: kernel blocks inside manager blocks"}
+
+
+def test_a_connector_that_needs_vllm_is_not_run_in_a_replay_never_passed(session):
+    class NeedsVllm(BlockMover):
+        name = "needs-vllm"
+        needs_vllm = "isinstance on vLLM's spec classes"
+
+    s = dataclasses.replace(session, subject=NeedsVllm(), subject_name=NeedsVllm.name)
+    state = loop.Loop(s, "test").replay(Regression(_target(session, "0.33.0", "hybrid-split"),
+                                                   model_transfer.Moves("hybrid-split", 0), None, ""),
+                                        checks.MODEL_TRANSFER)
+    assert state.ran == 0 and state.failure is None
+    (why,) = state.not_run
+    assert why.startswith("needs-vllm needs vLLM's own classes (isinstance on vLLM's spec classes); a replay hands "
+                          "it the recorded stand-in KV cache config") and "vllm==0.33.0 installed" in why, why
+
+
+def test_the_installed_release_s_config_is_handed_where_it_reads_as_the_recorded_one():
+    r = load_release("0.33.0", store.ROOT)
+    record = r.allocations["models"]["hybrid-split"]
+    recorded = model.config(record)
+
+    class Spec:  # vLLM's spec classes are named as the recording names them; their other fields are not recorded
+        def __init__(self, block_size, page_size_bytes):
+            self.block_size, self.page_size_bytes, self.num_kv_heads = block_size, page_size_bytes, 2
+
+    def own(name, size=None):
+        groups = [types.SimpleNamespace(layer_names=list(g.layer_names), kv_cache_spec=type(
+            type(g.kv_cache_spec).__name__, (Spec,), {})(size or g.kv_cache_spec.block_size,
+                                                         g.kv_cache_spec.page_size_bytes))
+                  for g in recorded.kv_cache_groups]
+        tensors = [types.SimpleNamespace(size=t.size, layers=list(t.shared_by)) for t in recorded.kv_cache_tensors]
+        return types.SimpleNamespace(num_blocks=recorded.num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups)
+
+    got = model.model("0.33.0", "hybrid-split", record, r.contracts, r.recording, own)
+    assert got.config.kv_cache_groups[0].kv_cache_spec.num_kv_heads == 2
+    with pytest.raises(ContractError, match=r"vLLM 0.33.0 model hybrid-split: the installed release's KV cache "
+                                            r"config .*block_size=128.* is not the recorded .*block_size=256"):
+        model.model("0.33.0", "hybrid-split", record, r.contracts, r.recording, lambda name: own(name, 128))
 
 
 def test_the_layer_value_says_both_block_sizes():

@@ -1,7 +1,8 @@
 """Live: the installed vLLM release's own backend classes against the stand-ins built from its recording, over
 hypothesis-drawn arguments (sizes no recording used, every recorded cache dtype string, the layers flag, every layout
 setting). Skipped without vLLM. A stand-in that cannot answer where the release answers is a mismatch; where the
-release raises, the stand-in must raise the same exception type.
+release raises, the stand-in must raise the same exception type. The recorded KV cache config a replayed connector
+is handed reads as the release's own, model by model.
 
     KVCONFORM_LIVE_COUNTS=/tmp/counts.json pytest tests/test_vllm_api_live.py   (in a venv holding vLLM)
 """
@@ -173,3 +174,19 @@ def test_a_bad_keyword_is_refused_as_the_release_refuses_it() -> None:
                     lambda: getattr(live, n)(no_such_argument=1)) == ("raises", "TypeError")
 
 
+
+
+def test_the_kv_cache_config_stand_in_reads_as_the_release_s_own() -> None:
+    from harness.handed import model
+    from harness.probe import allocation
+
+    record = REC.observations.get("allocations") or {}
+    if not record.get("read"):
+        pytest.skip(f"vLLM {RELEASE}: the whole-model allocation is not read ({record.get('why', 'no record')})")
+    planned = {name: body for name, body in record["models"].items()
+               if not {"refused", "raised", "absent"} & body.keys()}
+    assert planned
+    for name, body in planned.items():
+        own = allocation.kv_cache_config(name)
+        assert type(own).__module__.startswith("vllm."), (name, type(own))
+        assert model.standing_in(own) == model.config(body), name

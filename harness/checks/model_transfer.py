@@ -8,11 +8,13 @@ view is indexed by kernel blocks, `layer.manager_block_size // layer.block_size`
 release splits them.
 
 Its targets are the models each release's allocation record holds (harness.handed.model); its examples are seeds
-of block moves and source bytes (`Moves`).
+of block moves and source bytes (`Moves`). Live, the KV cache config is the installed release's own
+(harness.probe.allocation.kv_cache_config); a subject that needs it (`needs_vllm`) is not run in a replay.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import random
@@ -28,13 +30,14 @@ from harness.checks.transfer import moves
 from harness.draws.strategies import Sizes
 from harness.handed import model
 from harness.handed.model import Model, models
+from harness.probe import allocation
 from harness.results import Word
 from harness.results.words import count, listed
 from harness.run.implementation import Implementation
 from harness.run.releases import ReleaseContracts
 from harness.run.session import Session, supports_layer
 from harness.run.targets import Target
-from harness.run.trial import Trial
+from harness.run.trial import NotRun, Trial
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,10 @@ def model_targets(session: Session) -> list[ModelTarget]:
 
 
 def models_of(r: ReleaseContracts) -> tuple[list[Model], dict[str, str]]:
-    """Release `r`'s models a connector check takes, and why each other model (or "*": the release) is not."""
-    return models(r.release, r.allocations, r.contracts, r.recording)
+    """Release `r`'s models a connector check takes, and why each other model (or "*": the release) is not; live,
+    with the installed release's own KV cache configs."""
+    own = allocation.kv_cache_config if r.source == "live" else None
+    return models(r.release, r.allocations, r.contracts, r.recording, own)
 
 
 def coverage(session: Session) -> list[str]:
@@ -168,6 +173,13 @@ def moved(t: Trial) -> Outcome:
     target manager block hold those of its source manager block, nothing else of any handed tensor changed, and the
     save left the source as it was."""
     m, seed = t.target.model, t.example.seed
+    needs = getattr(t.subject, "needs_vllm", None)
+    if needs and t.target.release.source != "live":
+        who = getattr(t.subject, "name", type(t.subject).__name__)
+        raise NotRun(f"{who} needs vLLM's own classes ({needs}); a replay hands it the recorded stand-in "
+                     f"KV cache config (per group its spec's class name, manager block size and page size, not "
+                     f"vLLM's spec classes or the rest of their fields): run it live, with vllm=={m.release} "
+                     "installed")
     groups = group_moves(len(m.config.kv_cache_groups), m.num_blocks, seed)
     said = ("manager blocks " + "; ".join(f"group {g}: {s} -> {d}" for g, (s, d) in enumerate(groups))
             + f" of {m.num_blocks}")
@@ -179,7 +191,8 @@ def moved(t: Trial) -> Outcome:
         """A connector registered with `buffers`' tensors, and those tensors by name, as vLLM keeps them."""
         caches = model.kv_caches(m, buffers)
         kept = _registered(caches)
-        connector = t.call(t.subject.connector, m.config, m.layers)
+        # Each side its own config, as each vLLM process builds its own: a connector may edit what it is handed.
+        connector = t.call(t.subject.connector, copy.deepcopy(m.config), m.layers)
         t.call(connector.register_kv_caches, caches, layer=layer)
         return connector, {h.name: model.handed_tensors(h, kept) for h in m.handed}
 

@@ -13,7 +13,8 @@ tensor, or a list of them up to vLLM 0.26), latent and indexer caches; then bloc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, make_dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, make_dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -103,7 +104,7 @@ class Model:
     num_blocks: int  # manager blocks
     allocations: tuple[int, ...]
     handed: tuple[Handed, ...]
-    config: CacheConfig
+    config: CacheConfig = field(compare=False)  # vLLM's own KVCacheConfig where the release is installed
 
     @property
     def kv(self) -> tuple[Handed, ...]:
@@ -126,17 +127,21 @@ class Model:
         return self.kv[0].kv.contract
 
 
-def models(release: str, record: dict[str, Any] | None, contracts: tuple[Contract, ...], recording=None
-           ) -> tuple[list[Model], dict[str, str]]:
+Configs = Callable[[str], Any]  # a model's name -> the installed release's own KVCacheConfig of it
+
+
+def models(release: str, record: dict[str, Any] | None, contracts: tuple[Contract, ...], recording=None,
+           own: Configs | None = None) -> tuple[list[Model], dict[str, str]]:
     """The models of a release's allocation record whose layers a connector is handed, one of them K/V, and why each
-    other model (or the whole release) is not taken. `recording`: the replayed release's (its stand-in backend classes)."""
+    other model (or the whole release) is not taken. `recording`: the replayed release's (its stand-in backend classes);
+    `own`: the installed release's KV cache configs, handed in place of the recorded stand-in."""
     if not record or not record.get("read"):
         why = record.get("why", "not read") if record else "no allocation record"
         return [], {"*": f"the whole-model allocation was not read for vLLM {release}: {why}"}
     taken, outside = [], {}
     for name, body in record["models"].items():
         try:
-            taken.append(model(release, name, body, contracts, recording))
+            taken.append(model(release, name, body, contracts, recording, own))
         except Outside as e:
             outside[name] = str(e)
     return taken, outside
@@ -146,8 +151,10 @@ class Outside(Exception):
     """Why a recorded model is not one the connector check takes."""
 
 
-def model(release: str, name: str, body: dict[str, Any], contracts: tuple[Contract, ...], recording=None) -> Model:
-    """One recorded model, its K/V layers' values made from the release's contracts; Outside where it has none."""
+def model(release: str, name: str, body: dict[str, Any], contracts: tuple[Contract, ...], recording=None,
+          own: Configs | None = None) -> Model:
+    """One recorded model, its K/V layers' values made from the release's contracts, its KV cache config the
+    installed release's own (`own`) or the recorded stand-in; Outside where it has no K/V layer."""
     for kind in ("refused", "raised"):
         if kind in body:
             raise Outside(f"vLLM {release} {kind} it at {body[kind]['step']}: {body[kind]['error']}")
@@ -182,8 +189,9 @@ def model(release: str, name: str, body: dict[str, Any], contracts: tuple[Contra
                              rec["block_axis"], tuple(tuple(b) for b in rec["kernel_blocks"]), kv))
     if len(others) == len(handed):
         raise Outside(f"none of its layers holds K and V ({', '.join(others)})")
+    recorded = config(body)
     return Model(release, name, body["layout"], body["num_blocks"], tuple(body["allocations"]), tuple(handed),
-                 config(body))
+                 recorded if own is None else agreeing(release, name, own(name), recorded))
 
 
 def config(body: dict[str, Any]) -> CacheConfig:
@@ -193,6 +201,24 @@ def config(body: dict[str, Any]) -> CacheConfig:
                        tuple(CacheGroup(tuple(g["layers"]), spec_class(g["spec"])(
                            g["manager_block_size"], g["page_size_padded"] or g["page_size_bytes"]))
                              for g in body["groups"]))
+
+
+def standing_in(c) -> CacheConfig:
+    """What the recorded stand-in holds of KV cache config `c` (vLLM's own, or a stand-in)."""
+    return CacheConfig(c.num_blocks, tuple(CacheTensor(t.size, tuple(t.layers if hasattr(t, "layers") else t.shared_by))
+                                           for t in c.kv_cache_tensors),
+                       tuple(CacheGroup(tuple(g.layer_names), spec_class(type(g.kv_cache_spec).__name__)(
+                           g.kv_cache_spec.block_size, getattr(g.kv_cache_spec, "page_size_padded", None)
+                           or g.kv_cache_spec.page_size_bytes)) for g in c.kv_cache_groups))
+
+
+def agreeing(release: str, name: str, own, recorded: CacheConfig):
+    """`own` (the installed release's KV cache config of model `name`), where it reads as the recorded one: the
+    tensors a connector is handed are rebuilt from the record; ContractError naming both where they differ."""
+    if standing_in(own) != recorded:
+        raise ContractError(f"vLLM {release} model {name}: the installed release's KV cache config "
+                            f"{standing_in(own)} is not the recorded {recorded}")
+    return own
 
 
 def _kv(release: str, name: str, rec: dict[str, Any], contract: Contract, backend: str, layout: str,

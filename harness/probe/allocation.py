@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from harness.backends import backend_named, layout_env
-from harness.probe.imports import backend, module
+from harness.probe.imports import NotImportable, backend, module
 from harness.probe.models import CROSS_LAYER_LAYOUT, IFACE, MODELS, NUM_BLOCKS, WORKER, ModelSpec
 from harness.probe.observe import ProbeError, patched
 
@@ -80,25 +80,68 @@ def allocations() -> dict[str, Any]:
 def allocation(m: ModelSpec, kind: str) -> dict[str, Any]:
     """One model's allocation record; {"refused" or "raised": {step, error}} where a step of the release raised;
     {"absent": what} where the release has no such thing."""
-    iface = module(IFACE)
+    try:
+        with _model(m, kind) as (classes, vllm_config, specs):
+            return _plan_and_allocate(m, classes, kind, vllm_config, specs)
+    except _Absent as e:
+        return {"absent": str(e)}
+    except _Raised as e:
+        return {e.kind: {"step": e.step, "error": e.error}}
+    except (ProbeError, NotImportable):
+        raise
+    except Exception as e:  # not a refusal the release states: the reader could not read it
+        raise ProbeError(f"allocating model {m.name!r}: {type(e).__name__}: {e}") from e
+
+
+def kv_cache_config(name: str):
+    """The release's own KVCacheConfig of model `name` (of MODELS), planned as `allocation` plans it: what vLLM
+    builds a KV connector with. ProbeError where the release has no such model or refused it."""
+    m = next((x for x in MODELS if x.name == name), None)
+    if m is None:
+        raise ProbeError(f"no model {name!r} (models: {', '.join(x.name for x in MODELS)})")
+    kind, what = era()
+    if kind is None:
+        raise ProbeError(f"the whole-model allocation is not read for this release: {what}")
+    try:
+        with _model(m, kind) as (classes, vllm_config, specs):
+            return _planned(m, classes, kind, vllm_config, specs)[1]
+    except (_Absent, _Raised) as e:
+        raise ProbeError(f"model {name!r}: {e}") from e
+
+
+class _Absent(Exception):
+    """The release has no such thing (a backend, a cache dtype)."""
+
+
+@contextlib.contextmanager
+def _model(m: ModelSpec, kind: str) -> Iterator[tuple[dict[Any, type], Any, dict[str, Any]]]:
+    """In force while model `m` is planned and allocated (its backends' classes importable, the layout setting of
+    its allocation, the release's current VllmConfig): (its backends' classes, that VllmConfig, its layers' specs
+    as the model runner hands them to the planner, shared layers left out). _Absent where the release lacks one."""
+    iface, config_mod = module(IFACE), module("vllm.config")
     if m.cache_dtype != "auto" and not hasattr(iface, "get_kv_quant_mode"):
-        return {"absent": f"no cache dtype {m.cache_dtype} ({IFACE} has no get_kv_quant_mode)"}
+        raise _Absent(f"no cache dtype {m.cache_dtype} ({IFACE} has no get_kv_quant_mode)")
     with contextlib.ExitStack() as stack:
         classes = {}
         for b in dict.fromkeys(layer.backend for layer in m.layers.values()):  # in the model's order
             cls = stack.enter_context(_backend_class(b))
             if cls is None:
-                return {"absent": f"no backend {b if isinstance(b, str) else '.'.join(b)} in this release"}
+                raise _Absent(f"no backend {b if isinstance(b, str) else '.'.join(b)} in this release")
             classes[b] = cls
         # Layers interleaved per block: a layout the user sets on the free allocator's releases, a KV connector
         # preferring cross-layer blocks on the runner's.
         stack.enter_context(layout_env(CROSS_LAYER_LAYOUT if m.cross_layer and kind == "free" else None))
-        try:
-            return _allocate(m, classes, kind)
-        except _Raised as e:
-            return {e.kind: {"step": e.step, "error": e.error}}
-        except Exception as e:  # not a refusal the release states: the reader could not read it
-            raise ProbeError(f"allocating model {m.name!r}: {type(e).__name__}: {e}") from e
+        vllm_config = config_mod.VllmConfig(
+            cache_config=config_mod.CacheConfig(block_size=m.block_size, num_gpu_blocks_override=NUM_BLOCKS,
+                                                cache_dtype=m.cache_dtype),
+            device_config=config_mod.DeviceConfig(device="cpu"))
+        # The CPU platform turns the hybrid KV-cache manager off; a CUDA one, which this models, keeps it on.
+        vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
+        with config_mod.set_current_vllm_config(vllm_config):
+            with _step("spec"):
+                specs = {n: layer.spec(iface, classes[layer.backend]) for n, layer in m.layers.items()
+                         if layer.shares is None}
+            yield classes, vllm_config, specs
 
 
 @contextlib.contextmanager
@@ -121,6 +164,9 @@ class _Raised(Exception):
         self.kind = "refused" if isinstance(e, REFUSALS) else "raised"
         self.step, self.error = step, f"{type(e).__name__}: {e}".strip()
 
+    def __str__(self) -> str:
+        return f"{self.kind} at {self.step}: {self.error}"
+
 
 @contextlib.contextmanager
 def _step(name: str) -> Iterator[None]:
@@ -134,39 +180,9 @@ def _step(name: str) -> Iterator[None]:
         raise _Raised(name, e) from e
 
 
-def _allocate(m: ModelSpec, classes: dict[Any, type], kind: str) -> dict[str, Any]:
-    iface, config_mod = module(IFACE), module("vllm.config")
-    vllm_config = config_mod.VllmConfig(
-        cache_config=config_mod.CacheConfig(block_size=m.block_size, num_gpu_blocks_override=NUM_BLOCKS,
-                                            cache_dtype=m.cache_dtype),
-        device_config=config_mod.DeviceConfig(device="cpu"))
-    # The CPU platform turns the hybrid KV-cache manager off; a CUDA one, which this models, keeps it on.
-    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
-    with config_mod.set_current_vllm_config(vllm_config):
-        with _step("spec"):
-            specs = {n: layer.spec(iface, classes[layer.backend]) for n, layer in m.layers.items()
-                     if layer.shares is None}
-        return _plan_and_allocate(m, classes, kind, vllm_config, specs)
-
-
 def _plan_and_allocate(m: ModelSpec, classes: dict[Any, type], kind: str, vllm_config, specs: dict[str, Any]):
-    worker, planner = module(WORKER), _planner()
-    shared = {n: layer.shares for n, layer in m.layers.items() if layer.shares is not None}
-    layout = _resolve_layout(vllm_config, classes, specs) if kind == "free" else _layout_setting()
-    with _step("get_kv_cache_groups"):
-        groups = planner.get_kv_cache_groups(vllm_config, specs)
-    with _step("get_kv_cache_config_from_groups"):
-        plan = planner.get_kv_cache_config_from_groups
-        # Through 0.11 it also takes the specs by layer.
-        extra = {"kv_cache_specs": specs} if "kv_cache_specs" in inspect.signature(plan).parameters else {}
-        config = plan(vllm_config, groups, available_memory=1 << 40, **extra)
-    runner_only: set[str] = set()  # the shared layers, where the release lists them as the runner's alone
-    with _step("add_kv_sharing_layers_to_kv_cache_groups"):
-        add = worker.add_kv_sharing_layers_to_kv_cache_groups
-        if "runner_only_attn_layers" in inspect.signature(add).parameters:
-            add(shared, config.kv_cache_groups, runner_only)
-        else:
-            add(shared, config.kv_cache_groups)
+    worker = module(WORKER)
+    layout, config, shared, runner_only = _planned(m, classes, kind, vllm_config, specs)
     attn_groups = [_attention_groups(worker, m, classes, g, gid) for gid, g in enumerate(config.kv_cache_groups)]
     own = getattr(worker, "prepare_kernel_block_sizes", None)  # before 0.18 the runner's own method
     with _step("prepare_kernel_block_sizes"):
@@ -192,6 +208,31 @@ def _plan_and_allocate(m: ModelSpec, classes: dict[Any, type], kind: str, vllm_c
         "tensors": [_tensor_record(t) for t in config.kv_cache_tensors],
         **_layer_records(m, config, kernel, connector, bound, unsplit, cross),
     }
+
+
+def _planned(m: ModelSpec, classes: dict[Any, type], kind: str, vllm_config, specs: dict[str, Any]
+             ) -> tuple[Any, Any, dict[str, str], set[str]]:
+    """(the layout, the release's KVCacheConfig of model `m`, its shared layers and the layers they reuse, the shared
+    layers the release lists as the runner's alone): the layout resolved first (the free allocator's releases plan
+    in it), its planner's groups and config, then KV sharing added to the groups."""
+    worker, planner = module(WORKER), _planner()
+    layout = _resolve_layout(vllm_config, classes, specs) if kind == "free" else _layout_setting()
+    shared = {n: layer.shares for n, layer in m.layers.items() if layer.shares is not None}
+    with _step("get_kv_cache_groups"):
+        groups = planner.get_kv_cache_groups(vllm_config, specs)
+    with _step("get_kv_cache_config_from_groups"):
+        plan = planner.get_kv_cache_config_from_groups
+        # Through 0.11 it also takes the specs by layer.
+        extra = {"kv_cache_specs": specs} if "kv_cache_specs" in inspect.signature(plan).parameters else {}
+        config = plan(vllm_config, groups, available_memory=1 << 40, **extra)
+    runner_only: set[str] = set()
+    with _step("add_kv_sharing_layers_to_kv_cache_groups"):
+        add = worker.add_kv_sharing_layers_to_kv_cache_groups
+        if "runner_only_attn_layers" in inspect.signature(add).parameters:
+            add(shared, config.kv_cache_groups, runner_only)
+        else:
+            add(shared, config.kv_cache_groups)
+    return layout, config, shared, runner_only
 
 
 def _resolve_layout(vllm_config, classes: dict[Any, type], specs: dict[str, Any]):

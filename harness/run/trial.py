@@ -36,7 +36,8 @@ class Verdict(Exception):
 
 
 class NotRun(Exception):
-    """Raised out of a kernel check whose example the subject's split already gets wrong (the reason)."""
+    """Raised out of a check whose example cannot say anything of the subject (the reason): a kernel check's where the
+    subject's split already gets it wrong, a connector's in a replay where the subject needs vLLM's own classes."""
 
 
 class Poisoned(BaseException):

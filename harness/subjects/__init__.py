@@ -27,7 +27,10 @@ Not every subject is a kernel. A subject declares what it can do in `capabilitie
             side with the model's KV cache config and its attention layers' values, `connector(kv_cache_config,
             layers)`, and on what that returns: `register_kv_caches` once with every tensor the release registers,
             then `save` on the source side and `load` on the target side of manager block ids, one tensor per KV
-            cache group (`Connector`)
+            cache group (`Connector`). Live, the config is the installed release's own KVCacheConfig; in a replay
+            the recorded stand-in (harness.handed.model.CacheConfig). A connector that needs vLLM's own classes
+            (a real one: vLLM's connector base, isinstance on spec classes) says why in `needs_vllm`; its replayed
+            examples are then not-run, never passes
   forward   it runs attention over paged and dense K/V (kernels): `tile_config`, `paged_forward`, `dense_forward`
   autotune  its forwards, handed `tile` None, pick their tile config per call among `autotune_configs(case)` (an
             autotuner that can time them here): the ulp-autotuned check
@@ -114,6 +117,7 @@ class Subject(Protocol):
     name: str
     capabilities: frozenset[str]  # optional: DEFAULT_CAPABILITIES when absent
     sparsity_semantics: SparsitySemantics
+    needs_vllm: str  # optional (connector): why it runs only where the release is installed
 
     def supports(self, case: Case) -> str | None:
         """None when the subject can run `case`, else the reason it cannot."""
@@ -163,8 +167,8 @@ class Subject(Protocol):
 
     def connector(self, kv_cache_config: CacheConfig, layers: dict[str, Layer]) -> Connector:
         """(connector) A new connector of one side of a transfer, as vLLM builds one: the model's KV cache config
-        (its groups' layer names and specs, its tensors) and the values of its attention layers holding K and V by
-        name."""
+        (its groups' layer names and specs, its tensors: vLLM's own KVCacheConfig live, the stand-in in a replay)
+        and the values of its attention layers holding K and V by name."""
 
 
 class Connector(Protocol):
