@@ -7,6 +7,7 @@
     nox -s replay                                 conformance suites over every recorded fixture, no vLLM (CPU CI)
     nox -s probe -- 0.32.0 0.33.0 [--check]       record (or check for drift) contracts of chosen releases
     nox -s nightly                                vLLM main from matrix.toml's [nightly] index (or KVCONFORM_NIGHTLY_INDEX)
+    nox -s connectors -- 0.33.0                   matrix.toml's connector packages live (`lmcache==0.5.6`: one release)
     nox -s report                                 fold results/ into report.md, .html, .json (installs nothing)
     nox -s bisect -- GOOD BAD [--commits FILE]    the first release (or main commit) where a check turns red
     nox -s bench                                  the performance lane: paged / dense per geometry (CUDA)
@@ -222,6 +223,64 @@ def api(session: nox.Session) -> None:
             _remove(session, venv)
     if failures:
         session.error(f"the recorded layout API differs from or could not be checked against: {', '.join(failures)}")
+
+
+@nox.session(venv_backend="none")
+def connectors(session: nox.Session) -> None:
+    """matrix.toml's connector packages live, over the vLLM releases named in posargs (`package==X` there: only that
+    release of a package). Per vLLM release: one venv holding it and kvconform; per package release: it (and what its
+    CPU path needs) installed there with --no-deps, then the connector suite and the adapter's tests run with it as
+    the subject, results in results/connectors/<package>-<X>/ (an install-error line where it does not install).
+    The venv is removed after. Posargs after `--` go to
+    pytest (`-k kernel-split`: one model)."""
+    names, args = _split_posargs(session.posargs)
+    chosen = {a.partition("==")[0]: a.partition("==")[2] for a in names if "==" in a}
+    names = [a for a in names if "==" not in a]
+    if not names:
+        session.error("name vLLM releases, e.g. `nox -s connectors -- 0.33.0 lmcache==0.5.6` (matrix.toml lists "
+                      "the releases and the connector packages)")
+    _listed(session, names)
+    runs = [(c, x) for c in matrix.connectors() for x in c.releases if chosen.get(c.package, x) == x]
+    unknown = sorted(f"{p}=={x}" for p, x in chosen.items() if not any(c.package == p and v == x for c, v in runs))
+    if unknown:
+        session.error(f"not in matrix.toml's [[connector]] entries: {', '.join(unknown)}")
+    base = Path(os.environ.get("KVCONFORM_VENVS", ROOT / ".nox" / "vllm"))
+    failures = []
+    for name in names:
+        r = matrix.get(name)
+        python = r.interpreter(FOUND)
+        if python is None:
+            failures.append(f"vllm {name} ({_no_python(r)})")
+            continue
+        venv = base / f"connectors-{name}"
+        py = str(venv / "bin" / "python")
+        try:
+            _timed_install(session, r, python, venv, None, [*matrix.index_args(r), "-e", f"{ROOT}[test]"])
+            for c, x in runs:
+                cell = f"{c.package} {x} on vllm {name}"
+                out = ROOT / "results" / "connectors" / f"{c.package}-{x}"
+                try:
+                    session.run("uv", "pip", "install", "-q", "--python", py, "--no-deps", *c.requirements(x),
+                                external=True)
+                except nox.command.CommandFailed:
+                    why = f"uv pip install --no-deps {' '.join(c.requirements(x))} failed (see the nox log)"
+                    results.main(["install-error", name, f"{c.package} {x}: {why}", "--dir", str(out)])
+                    failures.append(f"{cell} (install-error: {why})")
+                    continue
+                session.log(f"{cell}: the connector suite with {c.subject} as the subject")
+                try:
+                    session.run(py, "-m", "pytest", "conformance/test_model_transfer.py", *c.tests,
+                                "-p", "no:cacheprovider", f"--kvconform-subject={c.subject}",
+                                f"--kvconform-results-dir={out}", f"--junitxml={out / name / 'junit.xml'}", *args,
+                                external=True, env={build.INDEX_ENV: matrix.vllm_index(r)})
+                except nox.command.CommandFailed as e:
+                    failures.append(f"{cell} ({e.reason or 'failed'})")
+        except nox.command.CommandFailed as e:
+            failures.append(f"vllm {name} ({e.reason or 'failed'})")
+        finally:
+            _remove(session, venv)
+    if failures:
+        session.error(f"connectors: {'; '.join(failures)}")
 
 
 def _listed(session: nox.Session, names: list[str]) -> None:

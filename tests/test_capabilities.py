@@ -183,8 +183,9 @@ def test_kvconforms_own_subjects_are_a_module_class_the_core_loads_in_any_proces
     assert spec("builtin") == "builtin" and spec("mypkg.attention:Reader") == "mypkg.attention:Reader"
     assert own("builtin") and own("modelopt") and own("mutant:gqa_mapping") and not own("mypkg.attention:Reader")
     assert spec("contiguous-views") == "kvconform.subjects.slow:ContiguousViews" and own("contiguous-views")
+    assert spec("lmcache-mp") == "kvconform.subjects.lmcache_mp:LMCacheMP" and own("lmcache-mp")
     with pytest.raises(ValueError, match=re.escape("unknown subject 'nope'; known: ['builtin', 'contiguous-views', "
-                                                   "'modelopt'], mutant:<name> or module:Class")):
+                                                   "'lmcache-mp', 'modelopt'], mutant:<name> or module:Class")):
         spec("nope")
     with pytest.raises(ValueError, match="unknown mutant 'nope'; known: "):
         spec("mutant:nope")

@@ -49,6 +49,27 @@ def test_bad_matrix_is_rejected(tmp_path):
         matrix.load(p)
 
 
+def test_a_connector_entry_lacking_a_field_or_with_one_unknown_is_rejected_naming_it(tmp_path):
+    p = tmp_path / "m.toml"
+    p.write_text('[[connector]]\nsubject = "lmcache-mp"\npackage = "lmcache"\nversions = ["0.5.6"]\n')
+    with pytest.raises(ValueError, match=f"{re.escape(str(p))}: connector entry .*lacks releases; has unknown field "
+                                         "versions"):
+        matrix.connectors(p)
+    p.write_text('[[connector]]\nsubject = "lmcache-mp"\npackage = "lmcache"\nreleases = []\n')
+    with pytest.raises(ValueError, match="names no release"):
+        matrix.connectors(p)
+
+
+def test_each_connector_is_driven_by_a_known_subject_and_its_tests_exist():
+    from kvconform import subjects
+
+    assert matrix.connectors()
+    for c in matrix.connectors():
+        assert subjects.spec(c.subject) and c.releases
+        assert all((REPO / t).is_file() for t in c.tests), c.tests
+        assert c.requirements(c.releases[0])[0] == f"{c.package}=={c.releases[0]}"
+
+
 def test_version_key_orders_numerically_with_main_last():
     names = ["main", "0.10.2", "0.9.2", "0.8.5.post1", "0.33.0"]
     assert sorted(names, key=matrix.version_key) == ["0.8.5.post1", "0.9.2", "0.10.2", "0.33.0", "main"]

@@ -2,11 +2,12 @@
 it should: each connector-side gallery consumer (examples/breakages: lmcache_4701, flat_regions, stated_order) is
 caught exactly where its rule, stated from the allocation record and the example's block ids, says, over every
 recording, its twin nowhere; planted faults of each kind (a save that writes, a load that writes nothing, one that
-writes a neighbour, a payload that aliases the source, a connector that moves a private copy), and a layout the
-recording does not state, are each caught with a diagnosis that names the layer and block; a connector that re-points
-the storage of the tensors it registers passes; a connector that needs vLLM's own classes is not run in a replay;
-the installed release's KV cache config is handed only where it reads as the recorded one; a REPRO line, pasted as
-printed, replays the one failing item.
+writes a neighbour, a payload that aliases the source, a registration that changes a tensor's shape, a connector
+that moves a private copy), and a layout the recording does not state, are each caught with a diagnosis that names
+the layer (and block); a connector that re-points the storage of the tensors it registers passes; a connector that
+needs vLLM's own classes is not run in a replay; the installed release's KV cache config is handed only where it
+reads as the recorded one; the scheduler's block ids: as many per group, from one pool, never the null block; a
+REPRO line, pasted as printed, replays the one failing item.
 """
 
 from __future__ import annotations
@@ -212,6 +213,21 @@ class MovesAPrivateCopy(BlockMover):
                                     for n, x in kv_caches.items()})
 
 
+class PermutesOnRegister(BlockMover):
+    """Re-points every registered tensor at its own storage in its memory order (its axes sorted by stride, as
+    LMCache's CPU shared-memory registration does): the layers' tensors change shape."""
+
+    name = "permutes-on-register"
+
+    def register_kv_caches(self, kv_caches):
+        for x in kv_caches.values():
+            for t in x if isinstance(x, list) else [x]:
+                order = sorted(range(t.dim()), key=lambda a: -t.stride(a))
+                p = t.permute(order)
+                t.set_(t.untyped_storage(), t.storage_offset(), p.shape, p.stride())
+        super().register_kv_caches(kv_caches)
+
+
 class RepointsStorage(BlockMover):
     """Moves every registered tensor's bytes into storage of its own and re-points the tensor at it, in place (as
     LMCache migrates caches to shared memory): vLLM's tensors then read the new storage."""
@@ -240,6 +256,8 @@ def test_a_connector_that_repoints_storage_passes_and_one_that_moves_a_private_c
     (LoadsNothing, "every element of the target's handed tensors is still the poison"),
     (WritesANeighbour, "changed although nothing was loaded there"),
     (AliasesTheSource, "a payload that aliases the source reads its reused, poisoned blocks"),
+    (PermutesOnRegister, "register_kv_caches changed layer layers.0's tensor 0 from shape [20, 2, 64, 64] byte "
+                         "strides"),
 ], ids=lambda x: getattr(x, "__name__", ""))
 def test_planted_faults_are_caught_with_what_and_where(session, subject, said):
     s = dataclasses.replace(session, subject=subject(), subject_name=subject.name)
@@ -278,6 +296,28 @@ def test_unsupported_layers_are_unsupported_never_a_pass(session):
     assert state.ran == 0 and state.unsupported == {"layers.0: kernel blocks inside manager blocks"}
 
 
+@pytest.mark.parametrize("error, word", [(ValueError, "unsupported"), (NotImplementedError, "unsupported"),
+                                         (KeyError, "subject-error")])
+def test_a_connector_refusing_the_model_at_registration_is_unsupported_in_its_words(session, error, word):
+    class Refuses(BlockMover):
+        name = "refuses"
+
+        def register_kv_caches(self, kv_caches):
+            raise error("cannot serve this model's KV cache groups")
+
+    s = dataclasses.replace(session, subject=Refuses(), subject_name=Refuses.name)
+    got = _outcome(s, _target(session, "0.33.0", "hybrid"), 0)
+    if word == "unsupported":
+        state = loop.Loop(s, "test").replay(Regression(_target(session, "0.33.0", "hybrid"),
+                                                       model_transfer.Moves("hybrid", 0), None, ""),
+                                            checks.MODEL_TRANSFER)
+        assert got is None and state.ran == 0, got
+        assert state.unsupported == {f"register_kv_caches: {error.__name__}: cannot serve this model's KV cache "
+                                     "groups"}, state.unsupported
+    else:
+        assert got is not None and got.startswith("subject-error: KeyError"), got
+
+
 def test_a_connector_that_needs_vllm_is_not_run_in_a_replay_never_passed(session):
     class NeedsVllm(BlockMover):
         name = "needs-vllm"
@@ -295,26 +335,24 @@ def test_a_connector_that_needs_vllm_is_not_run_in_a_replay_never_passed(session
 
 def test_the_installed_release_s_config_is_handed_where_it_reads_as_the_recorded_one():
     r = load_release("0.33.0", store.ROOT)
-    record = r.allocations["models"]["hybrid-split"]
-    recorded = model.config(record)
+    m = next(x for x in model_transfer.models_of(r)[0] if x.name == "hybrid-split")
 
     class Spec:  # vLLM's spec classes are named as the recording names them; their other fields are not recorded
         def __init__(self, block_size, page_size_bytes):
             self.block_size, self.page_size_bytes, self.num_kv_heads = block_size, page_size_bytes, 2
 
-    def own(name, size=None):
+    def own(size=None):
         groups = [types.SimpleNamespace(layer_names=list(g.layer_names), kv_cache_spec=type(
             type(g.kv_cache_spec).__name__, (Spec,), {})(size or g.kv_cache_spec.block_size,
                                                          g.kv_cache_spec.page_size_bytes))
-                  for g in recorded.kv_cache_groups]
-        tensors = [types.SimpleNamespace(size=t.size, layers=list(t.shared_by)) for t in recorded.kv_cache_tensors]
-        return types.SimpleNamespace(num_blocks=recorded.num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups)
+                  for g in m.config.kv_cache_groups]
+        tensors = [types.SimpleNamespace(size=t.size, layers=list(t.shared_by)) for t in m.config.kv_cache_tensors]
+        return types.SimpleNamespace(num_blocks=m.num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups)
 
-    got = model.model("0.33.0", "hybrid-split", record, r.contracts, r.recording, own)
-    assert got.config.kv_cache_groups[0].kv_cache_spec.num_kv_heads == 2
+    assert model.agreeing(m, own()).kv_cache_groups[0].kv_cache_spec.num_kv_heads == 2
     with pytest.raises(ContractError, match=r"vLLM 0.33.0 model hybrid-split: the installed release's KV cache "
                                             r"config .*block_size=128.* is not the recorded .*block_size=256"):
-        model.model("0.33.0", "hybrid-split", record, r.contracts, r.recording, lambda name: own(name, 128))
+        model.agreeing(m, own(128))
 
 
 def test_the_layer_value_says_both_block_sizes():
@@ -374,3 +412,16 @@ def test_moves_never_leave_a_block_in_place():
     for seed in range(50):
         src, dst = transfer.moves(list(range(5)), 5, seed)
         assert src and all(s != d for s, d in zip(src, dst)) and len(set(dst)) == len(dst)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_each_group_gets_as_many_blocks_of_one_pool_never_the_null_block(groups):
+    for seed in range(50):
+        moves = model_transfer.group_moves(groups, 5, seed)
+        counts = {len(src) for src, _ in moves}
+        assert len(counts) == 1 and counts.pop() >= 1, moves
+        for side in (0, 1):
+            ids = [b for x in moves for b in x[side]]
+            assert len(set(ids)) == len(ids) and 0 not in ids, moves
+        assert all(s != d for src, dst in moves for s, d in zip(src, dst)), moves
+    assert sorted(b for src, _ in model_transfer.group_moves(groups, 5, 0) for b in src) == [1, 2, 3, 4]

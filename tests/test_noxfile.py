@@ -192,3 +192,20 @@ def test_the_report_session_installs_nothing_and_writes_the_report(tmp_path):
     assert done.returncode == 0, out
     assert "GREEN: no new findings in 1 release" in (tmp_path / "results" / "report.md").read_text()
     assert "install" not in out and not (tmp_path / ".nox").exists(), out  # no venv made, nothing installed
+
+
+def test_connectors_refuses_what_matrix_toml_does_not_list_before_installing(noxfile_with_ranges):
+    noxfile, _, path = noxfile_with_ranges
+    for args, words in [((), "name vLLM releases"), (("0.33.0", "lmcache==9.9.9"), "lmcache==9.9.9"),
+                        (("9.9.9",), "vllm 9.9.9 is not in")]:
+        done = _nox(noxfile, "-s", "connectors", "--", *args, path=path)
+        out = done.stdout + done.stderr
+        assert done.returncode != 0 and words in out, out
+        assert "uv pip install" not in out and not (noxfile.parent / ".nox").exists(), out
+
+
+def test_connectors_fails_for_a_release_without_a_python(noxfile_with_ranges):
+    noxfile, _, path = noxfile_with_ranges
+    done = _nox(noxfile, "-s", "connectors", "--", "0.11.2", path=path)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "connectors: vllm 0.11.2 (no python in >=3.14" in out, out

@@ -177,6 +177,8 @@ def test_a_bad_keyword_is_refused_as_the_release_refuses_it() -> None:
 
 
 def test_the_kv_cache_config_stand_in_reads_as_the_release_s_own() -> None:
+    import vllm.config
+
     from harness.handed import model
     from harness.probe import allocation
 
@@ -187,6 +189,7 @@ def test_the_kv_cache_config_stand_in_reads_as_the_release_s_own() -> None:
                if not {"refused", "raised", "absent"} & body.keys()}
     assert planned
     for name, body in planned.items():
-        own = allocation.kv_cache_config(name)
-        assert type(own).__module__.startswith("vllm."), (name, type(own))
-        assert model.standing_in(own) == model.config(body), name
+        with allocation.planned(name) as (vllm_config, own):
+            assert type(own).__module__.startswith("vllm."), (name, type(own))
+            assert model.standing_in(own) == model.config(body), name
+            assert vllm.config.get_current_vllm_config() is vllm_config, name

@@ -8,12 +8,14 @@ view is indexed by kernel blocks, `layer.manager_block_size // layer.block_size`
 release splits them.
 
 Its targets are the models each release's allocation record holds (harness.handed.model); its examples are seeds
-of block moves and source bytes (`Moves`). Live, the KV cache config is the installed release's own
-(harness.probe.allocation.kv_cache_config); a subject that needs it (`needs_vllm`) is not run in a replay.
+of block moves and source bytes (`Moves`). Live, each side is built with the installed release's own KV cache config
+and driven with its VllmConfig current (harness.probe.allocation.planned); a subject that needs them (`needs_vllm`)
+is not run in a replay.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -26,7 +28,8 @@ from hypothesis import strategies as st
 
 from harness import checks
 from harness.checks.outcome import Outcome, compare
-from harness.checks.transfer import moves
+from harness.checks.transfer import elsewhere
+from harness.contract import ContractError
 from harness.draws.strategies import Sizes
 from harness.handed import model
 from harness.handed.model import Model, models
@@ -37,7 +40,7 @@ from harness.run.implementation import Implementation
 from harness.run.releases import ReleaseContracts
 from harness.run.session import Session, supports_layer
 from harness.run.targets import Target
-from harness.run.trial import NotRun, Trial
+from harness.run.trial import NotRun, SubjectRefused, Trial, Verdict
 
 
 @dataclass(frozen=True)
@@ -106,10 +109,8 @@ def model_targets(session: Session) -> list[ModelTarget]:
 
 
 def models_of(r: ReleaseContracts) -> tuple[list[Model], dict[str, str]]:
-    """Release `r`'s models a connector check takes, and why each other model (or "*": the release) is not; live,
-    with the installed release's own KV cache configs."""
-    own = allocation.kv_cache_config if r.source == "live" else None
-    return models(r.release, r.allocations, r.contracts, r.recording, own)
+    """Release `r`'s models a connector check takes, and why each other model (or "*": the release) is not."""
+    return models(r.release, r.allocations, r.contracts, r.recording)
 
 
 def coverage(session: Session) -> list[str]:
@@ -138,13 +139,20 @@ def coverage(session: Session) -> list[str]:
 
 
 def group_moves(groups: int, num_blocks: int, seed: int) -> tuple[tuple[list[int], list[int]], ...]:
-    """Per KV cache group, (source, target) manager block ids, as the scheduler hands them: drawn from one pool of
-    `num_blocks`, so that no id is in two groups on either side (groups overlay the same bytes); the moved blocks
-    (harness.checks.transfer.moves: all of them for seed 0) dealt to the groups in turn, in an order the seed draws."""
-    src, dst = moves(list(range(num_blocks)), num_blocks, seed)
-    pairs = list(zip(src, dst))
-    random.Random(seed).shuffle(pairs)
-    return tuple(([s for s, _ in pairs[g::groups]], [d for _, d in pairs[g::groups]]) for g in range(groups))
+    """Per KV cache group, (source, target) manager block ids as the scheduler hands one request's blocks: as many
+    in every group (a request covers the same tokens in each, and the groups' manager blocks are one size), from one
+    pool, so that no id is in two groups on either side (groups overlay the same bytes), and never block 0 (vLLM's
+    null block, BlockPool.null_block, which no request gets). Every id of the pool moves for seed 0, else a seeded
+    number per group; each is sent to another id of the pool (harness.checks.transfer.elsewhere)."""
+    pool = list(range(1, num_blocks))
+    per = len(pool) // groups
+    if per < 1 or len(pool) < 2:
+        raise ValueError(f"{num_blocks} manager blocks (block 0 the null block) cannot give {groups} groups a "
+                         "block each and move it elsewhere")
+    rng = random.Random(seed)
+    source = rng.sample(pool, groups * (per if seed == 0 else rng.randint(1, per)))
+    target = elsewhere(source, pool, rng, seed)
+    return tuple((source[g::groups], target[g::groups]) for g in range(groups))
 
 
 def _ints(t: torch.Tensor) -> torch.Tensor:
@@ -171,7 +179,9 @@ def moved(t: Trial) -> Outcome:
     tensors (registration may re-point their storage); the source saves its groups' blocks, the target loads the
     payload at other block ids. bit-identical when, through the handed tensors, every layer's kernel blocks of each
     target manager block hold those of its source manager block, nothing else of any handed tensor changed, and the
-    save left the source as it was."""
+    save left the source as it was; differs where registration changed a handed tensor's shape or strides (the layer
+    reads through it); unsupported where a side refuses the model while it is built or registered (ValueError,
+    AssertionError, NotImplementedError: vLLM would not start)."""
     m, seed = t.target.model, t.example.seed
     needs = getattr(t.subject, "needs_vllm", None)
     if needs and t.target.release.source != "live":
@@ -187,23 +197,49 @@ def moved(t: Trial) -> Outcome:
     layer = m.kv[0].kv.layer  # a connector runs in its release: its modules and layout setting in force
     ids = [tuple(torch.tensor(x[side], dtype=torch.int64, device=device) for x in groups) for side in (0, 1)]
 
-    def side(buffers: list[torch.Tensor]) -> tuple[object, dict[str, tuple[torch.Tensor, ...]]]:
-        """A connector registered with `buffers`' tensors, and those tensors by name, as vLLM keeps them."""
+    def side(stack: contextlib.ExitStack, buffers: list[torch.Tensor]
+             ) -> tuple[object, dict[str, tuple[torch.Tensor, ...]]]:
+        """A connector registered with `buffers`' tensors, and those tensors by name, as vLLM keeps them; live, built
+        with the release's own KV cache config, its VllmConfig current while `stack` is open, as in vLLM's worker."""
+        # Each side its own config, as each vLLM process builds its own: a connector may edit what it is handed.
+        config = copy.deepcopy(m.config)
+        if t.target.release.source == "live":
+            try:
+                config = model.agreeing(m, stack.enter_context(allocation.planned(m.name))[1])
+            except ContractError as e:
+                raise Verdict(Outcome(Word.CONTRACT_ERROR, str(e))) from e
         caches = model.kv_caches(m, buffers)
         kept = _registered(caches)
-        # Each side its own config, as each vLLM process builds its own: a connector may edit what it is handed.
-        connector = t.call(t.subject.connector, copy.deepcopy(m.config), m.layers)
-        t.call(connector.register_kv_caches, caches, layer=layer)
-        return connector, {h.name: model.handed_tensors(h, kept) for h in m.handed}
+        step = "connector"
+        try:
+            connector = t.call(t.subject.connector, config, m.layers)
+            step = "register_kv_caches"
+            t.call(connector.register_kv_caches, caches, layer=layer)
+        except Verdict as v:
+            # A connector that refuses the model while it is built or registered stops vLLM from starting: no byte
+            # moves wrong. It refuses as vLLM does (harness.probe.allocation.REFUSALS); anything else is a fault.
+            if isinstance(v.__cause__, allocation.REFUSALS):
+                raise SubjectRefused(f"{step}: {v.outcome.diagnosis}") from v.__cause__
+            raise
+        handed = {h.name: model.handed_tensors(h, kept) for h in m.handed}
+        for h in m.handed:
+            for i, (x, v) in enumerate(zip(handed[h.name], h.views)):
+                if [list(x.shape), [s * x.element_size() for s in x.stride()]] != [v["shape"], v["stride_bytes"]]:
+                    raise Verdict(Outcome(Word.DIFFERS, f"register_kv_caches changed layer {h.name}'s tensor {i} from "
+                                          f"shape {v['shape']} byte strides {v['stride_bytes']} to shape "
+                                          f"{list(x.shape)} byte strides {[s * x.element_size() for s in x.stride()]}"
+                                          ": the layer reads its cache through that tensor", f"layer={h.name}"))
+        return connector, handed
 
-    source, read_source = side(model.allocated(m.allocations, device))
-    g = torch.Generator().manual_seed(seed)
-    for h in m.handed:
-        for x in read_source[h.name]:
-            _ints(x).copy_(torch.randint(-2**(8 * x.element_size() - 1), 2**(8 * x.element_size() - 1) - 1,
-                                         x.shape, dtype=_ints(x).dtype, generator=g))
-    before = {name: tuple(x.clone() for x in xs) for name, xs in read_source.items()}
-    payload = t.call(source.save, ids[0], layer=layer)
+    with contextlib.ExitStack() as stack:
+        source, read_source = side(stack, model.allocated(m.allocations, device))
+        g = torch.Generator().manual_seed(seed)
+        for h in m.handed:
+            for x in read_source[h.name]:
+                _ints(x).copy_(torch.randint(-2**(8 * x.element_size() - 1), 2**(8 * x.element_size() - 1) - 1,
+                                             x.shape, dtype=_ints(x).dtype, generator=g))
+        before = {name: tuple(x.clone() for x in xs) for name, xs in read_source.items()}
+        payload = t.call(source.save, ids[0], layer=layer)
     for h in m.handed:
         for i, (x, was) in enumerate(zip(read_source[h.name], before[h.name])):
             if changed := int((_ints(x) != _ints(was)).sum()):
@@ -213,11 +249,12 @@ def moved(t: Trial) -> Outcome:
         for x in xs:
             _ints(x).fill_(model.POISON)
 
-    target, read_target = side(model.allocated(m.allocations, device))
-    for xs in read_target.values():
-        for x in xs:
-            _ints(x).fill_(model.POISON)
-    t.call(target.load, ids[1], payload, layer=layer)
+    with contextlib.ExitStack() as stack:
+        target, read_target = side(stack, model.allocated(m.allocations, device))
+        for xs in read_target.values():
+            for x in xs:
+                _ints(x).fill_(model.POISON)
+        t.call(target.load, ids[1], payload, layer=layer)
     if all(bool((_ints(x) == model.POISON).all()) for xs in read_target.values() for x in xs):
         return Outcome(Word.DIFFERS, "after load every element of the target's handed tensors is still the poison "
                                      "they were given: it wrote nothing to them (a private copy?), or only poison (a "

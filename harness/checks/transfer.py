@@ -67,11 +67,17 @@ def moves(used: list[int], num_blocks: int, seed: int) -> tuple[list[int], list[
     id of `num_blocks` (a fixed-point-free permutation of the block ids)."""
     rng = random.Random(seed)
     source = used if seed == 0 else sorted(rng.sample(used, rng.randint(1, len(used))))
-    perm = list(range(num_blocks))
+    return source, elsewhere(source, list(range(num_blocks)), rng, seed)
+
+
+def elsewhere(source: list[int], pool: list[int], rng: random.Random, seed: int) -> list[int]:
+    """Each block id of `source` (ids of `pool`) sent to another id of `pool`, by a fixed-point-free permutation of
+    the pool: the conjugate of a rotation (by one for seed 0), drawn with `rng`."""
+    perm = list(pool)
     rng.shuffle(perm)
     place = {b: i for i, b in enumerate(perm)}
-    shift = 1 if seed == 0 else rng.randint(1, num_blocks - 1)  # conjugate of a rotation: no block stays put
-    return source, [perm[(place[b] + shift) % num_blocks] for b in source]
+    shift = 1 if seed == 0 else rng.randint(1, len(pool) - 1)
+    return [perm[(place[b] + shift) % len(pool)] for b in source]
 
 
 def storage(kv_cache: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,7 @@ tensor, or a list of them up to vLLM 0.26), latent and indexer caches; then bloc
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, make_dataclass, replace
+from dataclasses import dataclass, make_dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -104,7 +103,7 @@ class Model:
     num_blocks: int  # manager blocks
     allocations: tuple[int, ...]
     handed: tuple[Handed, ...]
-    config: CacheConfig = field(compare=False)  # vLLM's own KVCacheConfig where the release is installed
+    config: CacheConfig
 
     @property
     def kv(self) -> tuple[Handed, ...]:
@@ -127,21 +126,18 @@ class Model:
         return self.kv[0].kv.contract
 
 
-Configs = Callable[[str], Any]  # a model's name -> the installed release's own KVCacheConfig of it
-
-
-def models(release: str, record: dict[str, Any] | None, contracts: tuple[Contract, ...], recording=None,
-           own: Configs | None = None) -> tuple[list[Model], dict[str, str]]:
+def models(release: str, record: dict[str, Any] | None, contracts: tuple[Contract, ...], recording=None
+           ) -> tuple[list[Model], dict[str, str]]:
     """The models of a release's allocation record whose layers a connector is handed, one of them K/V, and why each
-    other model (or the whole release) is not taken. `recording`: the replayed release's (its stand-in backend classes);
-    `own`: the installed release's KV cache configs, handed in place of the recorded stand-in."""
+    other model (or the whole release) is not taken. `recording`: the replayed release's (its stand-in backend
+    classes)."""
     if not record or not record.get("read"):
         why = record.get("why", "not read") if record else "no allocation record"
         return [], {"*": f"the whole-model allocation was not read for vLLM {release}: {why}"}
     taken, outside = [], {}
     for name, body in record["models"].items():
         try:
-            taken.append(model(release, name, body, contracts, recording, own))
+            taken.append(model(release, name, body, contracts, recording))
         except Outside as e:
             outside[name] = str(e)
     return taken, outside
@@ -151,10 +147,8 @@ class Outside(Exception):
     """Why a recorded model is not one the connector check takes."""
 
 
-def model(release: str, name: str, body: dict[str, Any], contracts: tuple[Contract, ...], recording=None,
-          own: Configs | None = None) -> Model:
-    """One recorded model, its K/V layers' values made from the release's contracts, its KV cache config the
-    installed release's own (`own`) or the recorded stand-in; Outside where it has no K/V layer."""
+def model(release: str, name: str, body: dict[str, Any], contracts: tuple[Contract, ...], recording=None) -> Model:
+    """One recorded model, its K/V layers' values made from the release's contracts; Outside where it has none."""
     for kind in ("refused", "raised"):
         if kind in body:
             raise Outside(f"vLLM {release} {kind} it at {body[kind]['step']}: {body[kind]['error']}")
@@ -189,9 +183,8 @@ def model(release: str, name: str, body: dict[str, Any], contracts: tuple[Contra
                              rec["block_axis"], tuple(tuple(b) for b in rec["kernel_blocks"]), kv))
     if len(others) == len(handed):
         raise Outside(f"none of its layers holds K and V ({', '.join(others)})")
-    recorded = config(body)
     return Model(release, name, body["layout"], body["num_blocks"], tuple(body["allocations"]), tuple(handed),
-                 recorded if own is None else agreeing(release, name, own(name), recorded))
+                 config(body))
 
 
 def config(body: dict[str, Any]) -> CacheConfig:
@@ -212,12 +205,12 @@ def standing_in(c) -> CacheConfig:
                            or g.kv_cache_spec.page_size_bytes)) for g in c.kv_cache_groups))
 
 
-def agreeing(release: str, name: str, own, recorded: CacheConfig):
-    """`own` (the installed release's KV cache config of model `name`), where it reads as the recorded one: the
+def agreeing(m: Model, own):
+    """`own` (the installed release's KV cache config of model `m`), where it reads as the recorded one: the
     tensors a connector is handed are rebuilt from the record; ContractError naming both where they differ."""
-    if standing_in(own) != recorded:
-        raise ContractError(f"vLLM {release} model {name}: the installed release's KV cache config "
-                            f"{standing_in(own)} is not the recorded {recorded}")
+    if standing_in(own) != m.config:
+        raise ContractError(f"vLLM {m.release} model {m.name}: the installed release's KV cache config "
+                            f"{standing_in(own)} is not the recorded {m.config}")
     return own
 
 

@@ -221,6 +221,36 @@ def load(path: Path = PATH) -> list[Release]:
     return out
 
 
+@dataclass(frozen=True)
+class ConnectorPackage:
+    """A third-party KV connector package run live as a subject (a `[[connector]]` entry of matrix.toml)."""
+
+    subject: str  # the kvconform subject that drives it (`--kvconform-subject`)
+    package: str  # its PyPI name
+    releases: tuple[str, ...]  # its releases to run
+    needs: tuple[str, ...] = ()  # what its CPU path imports beyond a vLLM release's own dependencies
+    tests: tuple[str, ...] = ()  # tests of its adapter that need it installed, run beside the suites
+
+    def requirements(self, release: str) -> tuple[str, ...]:
+        """What `uv pip install --no-deps` adds to a vLLM release's venv to run `release` of the package."""
+        return (f"{self.package}=={release}", *self.needs)
+
+
+def connectors(path: Path = PATH) -> list[ConnectorPackage]:
+    """matrix.toml's connector packages; ValueError naming the file and the entry for a field missing or unknown."""
+    fields, optional = ("subject", "package", "releases"), ("needs", "tests")
+    out = []
+    for entry in _data(path).get("connector", []):
+        problems = [f"lacks {f}" for f in fields if f not in entry]
+        problems += [f"has unknown field {f}" for f in sorted(set(entry) - {*fields, *optional})]
+        problems += ["names no release"] if entry.get("releases") == [] else []
+        if problems:
+            raise ValueError(f"{path}: connector entry {entry}: {'; '.join(problems)}")
+        out.append(ConnectorPackage(entry["subject"], entry["package"], tuple(entry["releases"]),
+                             *(tuple(entry.get(f, ())) for f in optional)))
+    return out
+
+
 def default(path: Path = PATH) -> list[Release]:
     return [r for r in load(path) if r.default]
 

@@ -93,20 +93,25 @@ def allocation(m: ModelSpec, kind: str) -> dict[str, Any]:
         raise ProbeError(f"allocating model {m.name!r}: {type(e).__name__}: {e}") from e
 
 
-def kv_cache_config(name: str):
-    """The release's own KVCacheConfig of model `name` (of MODELS), planned as `allocation` plans it: what vLLM
-    builds a KV connector with. ProbeError where the release has no such model or refused it."""
+@contextlib.contextmanager
+def planned(name: str) -> Iterator[tuple[Any, Any]]:
+    """Model `name` (of MODELS) planned by the release as `allocation` plans it, and in force as in vLLM's worker
+    while a KV connector of it is built and driven: (the release's VllmConfig, current, its KV cache layout
+    resolved; the release's own KVCacheConfig of the model), fresh each time. ProbeError where the release has no
+    such model or refused it."""
     m = next((x for x in MODELS if x.name == name), None)
     if m is None:
         raise ProbeError(f"no model {name!r} (models: {', '.join(x.name for x in MODELS)})")
     kind, what = era()
     if kind is None:
         raise ProbeError(f"the whole-model allocation is not read for this release: {what}")
-    try:
-        with _model(m, kind) as (classes, vllm_config, specs):
-            return _planned(m, classes, kind, vllm_config, specs)[1]
-    except (_Absent, _Raised) as e:
-        raise ProbeError(f"model {name!r}: {e}") from e
+    with contextlib.ExitStack() as stack:
+        try:
+            classes, vllm_config, specs = stack.enter_context(_model(m, kind))
+            config = _planned(m, classes, kind, vllm_config, specs)[1]
+        except (_Absent, _Raised) as e:
+            raise ProbeError(f"model {name!r}: {e}") from e
+        yield vllm_config, config
 
 
 class _Absent(Exception):

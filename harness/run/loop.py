@@ -29,7 +29,7 @@ from harness.run.regressions import Regression
 from harness.run.releases import ReleaseContracts
 from harness.run.session import Session
 from harness.run.targets import Target, examples_per_item, item_seed
-from harness.run.trial import NotRun, Poisoned, Trial, Verdict
+from harness.run.trial import NotRun, Poisoned, SubjectRefused, Trial, Verdict
 
 CheckFn = Callable[[Trial], Outcome]
 
@@ -161,16 +161,13 @@ class Loop:
         self._current = t
         costs.CLOCK.example()
         start = time.perf_counter()
-        raised = None  # what the subject raised, when its outcome is that
+        raised = reason = None  # what the subject raised, when its outcome is that; why it does not take the example
         try:
             with costs.phase("check"):
                 reason = it.refusal(t, self.s)
                 outcome = None if reason else fn(t)
-            if reason:
-                state.unsupported.add(reason)
-                if state.failure is None:
-                    self._record(t, Outcome(Word.UNSUPPORTED, reason))
-                return
+        except SubjectRefused as e:
+            reason = str(e)
         except Verdict as v:
             outcome, raised = v.outcome, v.__cause__
         except NotRun as e:
@@ -183,6 +180,11 @@ class Loop:
         except Exception as e:
             state.failure = (t, Outcome(Word.HARNESS_ERROR, f"{type(e).__name__}: {e}"))
             raise
+        if reason:
+            state.unsupported.add(reason)
+            if state.failure is None:
+                self._record(t, Outcome(Word.UNSUPPORTED, reason))
+            return
         state.ran += 1
         known = None
         if not outcome.word.passing:

@@ -40,6 +40,11 @@ class NotRun(Exception):
     subject's split already gets it wrong, a connector's in a replay where the subject needs vLLM's own classes."""
 
 
+class SubjectRefused(Exception):
+    """Raised out of a check whose example the subject refuses, in its words (the reason): `unsupported`, as when its
+    `supports` or `supports_layer` says so."""
+
+
 class Poisoned(BaseException):
     """A subject's call left this process's device unusable. A BaseException so that hypothesis does not shrink
     (every further call would fail too)."""
