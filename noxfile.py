@@ -28,7 +28,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import nox
@@ -202,25 +202,14 @@ def api(session: nox.Session) -> None:
     if not names:
         session.error("name releases, e.g. `nox -s api -- 0.25.1 0.33.0` (matrix.toml lists them)")
     _listed(session, names)
-    base = Path(os.environ.get("KVCONFORM_VENVS", ROOT / ".nox" / "vllm"))
-    failures = []
-    for name in names:
-        r = matrix.get(name)
-        python = r.interpreter(FOUND)
-        if python is None:
-            failures.append(f"{name} (no python in {r.python})")
-            continue
-        venv = base / f"api-{name}"
-        extra = matrix.index_args(r)
-        try:
-            _timed_install(session, r, python, venv, None, [*extra, "-e", f"{ROOT}[test]"])
-            session.log(f"vllm {name}: the stand-ins built from fixtures/contracts/{name}.json against the release")
-            session.run(str(venv / "bin" / "python"), "-m", "pytest", str(ROOT / "tests" / "test_vllm_api_live.py"),
-                        "-q", "-p", "no:cacheprovider", *args, external=True)
-        except nox.command.CommandFailed as e:
-            failures.append(f"{name} ({e.reason or 'failed'})")
-        finally:
-            _remove(session, venv)
+
+    def run(r: matrix.Release, python: str) -> list[str]:
+        session.log(f"vllm {r.name}: the stand-ins built from fixtures/contracts/{r.name}.json against the release")
+        session.run(python, "-m", "pytest", str(ROOT / "tests" / "test_vllm_api_live.py"), "-q", "-p",
+                    "no:cacheprovider", *args, external=True)
+        return []
+
+    failures = _in_release_venvs(session, names, "api", run)
     if failures:
         session.error(f"the recorded layout API differs from or could not be checked against: {', '.join(failures)}")
 
@@ -231,8 +220,7 @@ def connectors(session: nox.Session) -> None:
     release of a package). Per vLLM release: one venv holding it and kvconform; per package release: it (and what its
     CPU path needs) installed there with --no-deps, then the connector suite and the adapter's tests run with it as
     the subject, results in results/connectors/<package>-<X>/ (an install-error line where it does not install).
-    The venv is removed after. Posargs after `--` go to
-    pytest (`-k kernel-split`: one model)."""
+    The venv is removed after. Posargs after `--` go to pytest (`-k kernel-split`: one model)."""
     names, args = _split_posargs(session.posargs)
     chosen = {a.partition("==")[0]: a.partition("==")[2] for a in names if "==" in a}
     names = [a for a in names if "==" not in a]
@@ -244,6 +232,40 @@ def connectors(session: nox.Session) -> None:
     unknown = sorted(f"{p}=={x}" for p, x in chosen.items() if not any(c.package == p and v == x for c, v in runs))
     if unknown:
         session.error(f"not in matrix.toml's [[connector]] entries: {', '.join(unknown)}")
+
+    def run(r: matrix.Release, python: str) -> list[str]:
+        failures = []
+        for c, x in runs:
+            cell = f"{c.package} {x} on vllm {r.name}"
+            out = ROOT / "results" / "connectors" / f"{c.package}-{x}"
+            try:
+                session.run("uv", "pip", "install", "-q", "--python", python, "--no-deps", *c.requirements(x),
+                            external=True)
+            except nox.command.CommandFailed:
+                why = f"uv pip install --no-deps {' '.join(c.requirements(x))} failed (see the nox log)"
+                results.main(["install-error", r.name, f"{c.package} {x}: {why}", "--dir", str(out)])
+                failures.append(f"{cell} (install-error: {why})")
+                continue
+            session.log(f"{cell}: the connector suite with {c.subject} as the subject")
+            try:
+                session.run(python, "-m", "pytest", "conformance/test_model_transfer.py", *c.tests,
+                            "-p", "no:cacheprovider", f"--kvconform-subject={c.subject}",
+                            f"--kvconform-results-dir={out}", f"--junitxml={out / r.name / 'junit.xml'}", *args,
+                            external=True, env={build.INDEX_ENV: matrix.vllm_index(r)})
+            except nox.command.CommandFailed as e:
+                failures.append(f"{cell} ({e.reason or 'failed'})")
+        return failures
+
+    failures = _in_release_venvs(session, names, "connectors", run)
+    if failures:
+        session.error(f"connectors: {'; '.join(failures)}")
+
+
+def _in_release_venvs(session: nox.Session, names: list[str], kind: str,
+                      run: Callable[[matrix.Release, str], list[str]]) -> list[str]:
+    """`run(release, its python)` for each release named, in a fresh venv `<kind>-<release>` holding it and kvconform
+    (with its test extra), removed after; what failed, a line each: a release without a python, an install or a
+    command `run` let fail, and what `run` returns (what failed that it went on past)."""
     base = Path(os.environ.get("KVCONFORM_VENVS", ROOT / ".nox" / "vllm"))
     failures = []
     for name in names:
@@ -252,35 +274,15 @@ def connectors(session: nox.Session) -> None:
         if python is None:
             failures.append(f"vllm {name} ({_no_python(r)})")
             continue
-        venv = base / f"connectors-{name}"
-        py = str(venv / "bin" / "python")
+        venv = base / f"{kind}-{name}"
         try:
             _timed_install(session, r, python, venv, None, [*matrix.index_args(r), "-e", f"{ROOT}[test]"])
-            for c, x in runs:
-                cell = f"{c.package} {x} on vllm {name}"
-                out = ROOT / "results" / "connectors" / f"{c.package}-{x}"
-                try:
-                    session.run("uv", "pip", "install", "-q", "--python", py, "--no-deps", *c.requirements(x),
-                                external=True)
-                except nox.command.CommandFailed:
-                    why = f"uv pip install --no-deps {' '.join(c.requirements(x))} failed (see the nox log)"
-                    results.main(["install-error", name, f"{c.package} {x}: {why}", "--dir", str(out)])
-                    failures.append(f"{cell} (install-error: {why})")
-                    continue
-                session.log(f"{cell}: the connector suite with {c.subject} as the subject")
-                try:
-                    session.run(py, "-m", "pytest", "conformance/test_model_transfer.py", *c.tests,
-                                "-p", "no:cacheprovider", f"--kvconform-subject={c.subject}",
-                                f"--kvconform-results-dir={out}", f"--junitxml={out / name / 'junit.xml'}", *args,
-                                external=True, env={build.INDEX_ENV: matrix.vllm_index(r)})
-                except nox.command.CommandFailed as e:
-                    failures.append(f"{cell} ({e.reason or 'failed'})")
+            failures += run(r, str(venv / "bin" / "python"))
         except nox.command.CommandFailed as e:
             failures.append(f"vllm {name} ({e.reason or 'failed'})")
         finally:
             _remove(session, venv)
-    if failures:
-        session.error(f"connectors: {'; '.join(failures)}")
+    return failures
 
 
 def _listed(session: nox.Session, names: list[str]) -> None:

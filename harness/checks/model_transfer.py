@@ -224,11 +224,12 @@ def moved(t: Trial) -> Outcome:
         handed = {h.name: model.handed_tensors(h, kept) for h in m.handed}
         for h in m.handed:
             for i, (x, v) in enumerate(zip(handed[h.name], h.views)):
-                if [list(x.shape), [s * x.element_size() for s in x.stride()]] != [v["shape"], v["stride_bytes"]]:
+                shape, strides = list(x.shape), [s * x.element_size() for s in x.stride()]
+                if [shape, strides] != [v["shape"], v["stride_bytes"]]:
                     raise Verdict(Outcome(Word.DIFFERS, f"register_kv_caches changed layer {h.name}'s tensor {i} from "
-                                          f"shape {v['shape']} byte strides {v['stride_bytes']} to shape "
-                                          f"{list(x.shape)} byte strides {[s * x.element_size() for s in x.stride()]}"
-                                          ": the layer reads its cache through that tensor", f"layer={h.name}"))
+                                          f"shape {v['shape']} byte strides {v['stride_bytes']} to shape {shape} "
+                                          f"byte strides {strides}: the layer reads its cache through that tensor",
+                                          f"layer={h.name}"))
         return connector, handed
 
     with contextlib.ExitStack() as stack:

@@ -247,7 +247,7 @@ def connectors(path: Path = PATH) -> list[ConnectorPackage]:
         if problems:
             raise ValueError(f"{path}: connector entry {entry}: {'; '.join(problems)}")
         out.append(ConnectorPackage(entry["subject"], entry["package"], tuple(entry["releases"]),
-                             *(tuple(entry.get(f, ())) for f in optional)))
+                                    *(tuple(entry.get(f, ())) for f in optional)))
     return out
 
 
