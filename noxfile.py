@@ -218,9 +218,11 @@ def api(session: nox.Session) -> None:
 def connectors(session: nox.Session) -> None:
     """matrix.toml's connector packages live, over the vLLM releases named in posargs (`package==X` there: only that
     release of a package). Per vLLM release: one venv holding it and kvconform; per package release: it (and what its
-    CPU path needs) installed there with --no-deps, then the connector suite and the adapter's tests run with it as
-    the subject, results in results/connectors/<package>-<X>/ (an install-error line where it does not install).
-    The venv is removed after. Posargs after `--` go to pytest (`-k kernel-split`: one model)."""
+    CPU path needs) installed there with --no-deps (vLLM's own connectors: nothing, X the vLLM release), its compiled
+    modules imported (one that does not import against the venv's torch: an install-error line), then the connector
+    suite and the adapter's tests run with it as the subject, results in results/connectors/<package>-<X>/
+    (vLLM's own: results/connectors/vllm/; an install-error line where it does not install). The venv is removed
+    after. Posargs after `--` go to pytest (`-k kernel-split`: one model). `nox -s report` tabulates the results."""
     names, args = _split_posargs(session.posargs)
     chosen = {a.partition("==")[0]: a.partition("==")[2] for a in names if "==" in a}
     names = [a for a in names if "==" not in a]
@@ -228,21 +230,25 @@ def connectors(session: nox.Session) -> None:
         session.error("name vLLM releases, e.g. `nox -s connectors -- 0.33.0 lmcache==0.5.6` (matrix.toml lists "
                       "the releases and the connector packages)")
     _listed(session, names)
-    runs = [(c, x) for c in matrix.connectors() for x in c.releases if chosen.get(c.package, x) == x]
+    runs = [(c, x) for c in matrix.connectors() for x in c.releases or [None] if chosen.get(c.package, x) == x]
     unknown = sorted(f"{p}=={x}" for p, x in chosen.items() if not any(c.package == p and v == x for c, v in runs))
     if unknown:
         session.error(f"not in matrix.toml's [[connector]] entries: {', '.join(unknown)}")
 
     def run(r: matrix.Release, python: str) -> list[str]:
         failures = []
-        for c, x in runs:
+        for c, given in runs:
+            x = given or r.name  # vLLM's own connector: the release it ships with
             cell = f"{c.package} {x} on vllm {r.name}"
-            out = ROOT / "results" / "connectors" / f"{c.package}-{x}"
+            out = ROOT / "results" / "connectors" / (f"{c.package}-{x}" if given else c.package)
             try:
-                session.run("uv", "pip", "install", "-q", "--python", python, "--no-deps", *c.requirements(x),
-                            external=True)
+                if c.requirements(x):
+                    session.run("uv", "pip", "install", "-q", "--python", python, "--no-deps", *c.requirements(x),
+                                external=True)
+                why = c.unloadable(x, python)
             except nox.command.CommandFailed:
                 why = f"uv pip install --no-deps {' '.join(c.requirements(x))} failed (see the nox log)"
+            if why:
                 results.main(["install-error", r.name, f"{c.package} {x}: {why}", "--dir", str(out)])
                 failures.append(f"{cell} (install-error: {why})")
                 continue

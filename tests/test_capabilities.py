@@ -184,8 +184,10 @@ def test_kvconforms_own_subjects_are_a_module_class_the_core_loads_in_any_proces
     assert own("builtin") and own("modelopt") and own("mutant:gqa_mapping") and not own("mypkg.attention:Reader")
     assert spec("contiguous-views") == "kvconform.subjects.slow:ContiguousViews" and own("contiguous-views")
     assert spec("lmcache-mp") == "kvconform.subjects.lmcache_mp:LMCacheMP" and own("lmcache-mp")
+    assert spec("vllm-example") == "kvconform.subjects.vllm_example:VllmExample" and own("vllm-example")
     with pytest.raises(ValueError, match=re.escape("unknown subject 'nope'; known: ['builtin', 'contiguous-views', "
-                                                   "'lmcache-mp', 'modelopt'], mutant:<name> or module:Class")):
+                                                   "'lmcache-mp', 'modelopt', 'vllm-example'], mutant:<name> or "
+                                                   "module:Class")):
         spec("nope")
     with pytest.raises(ValueError, match="unknown mutant 'nope'; known: "):
         spec("mutant:nope")

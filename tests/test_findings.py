@@ -1,5 +1,7 @@
 """Known findings: matching by release range, geometry, sparsity, check and outcome; malformed files rejected."""
 
+from importlib import metadata
+
 import pytest
 
 from harness.results import findings
@@ -72,4 +74,23 @@ def test_missing_or_extra_keys_are_rejected(tmp_path):
         findings.load("s", tmp_path)
     (tmp_path / "t.toml").write_text("[[finding]\n")
     with pytest.raises(FindingsError, match="not valid TOML"):
+        findings.load("t", tmp_path)
+
+
+def test_a_finding_of_a_package_release_applies_only_where_that_release_is_installed(tmp_path):
+    version = metadata.version("pytest")
+    (tmp_path / "s.toml").write_text(ENTRY.format(releases="*", geometry="*", sparsity="*", check="*",
+                                                  outcome="differs")
+                                     + f'package = "pytest=={version}"\n'
+                                     + ENTRY.format(releases="*", geometry="*", sparsity="*", check="*",
+                                                    outcome="unsupported")
+                                     + 'package = "pytest==0.0.1"\n'
+                                     + ENTRY.format(releases="*", geometry="*", sparsity="*", check="*",
+                                                    outcome="subject-error")
+                                     + 'package = "kvconform-no-such-package==1.0"\n')
+    # the entries keep their ids in file order; the ones of releases not installed are not among the findings
+    assert [(f.id, f.outcome) for f in findings.load("s", tmp_path)] == [("s#1", "differs")]
+    (tmp_path / "t.toml").write_text(ENTRY.format(releases="*", geometry="*", sparsity="*", check="*",
+                                                  outcome="differs") + 'package = "pytest"\n')
+    with pytest.raises(FindingsError, match="t.toml finding 1: package 'pytest' is not `name==release`"):
         findings.load("t", tmp_path)

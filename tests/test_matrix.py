@@ -58,6 +58,12 @@ def test_a_connector_entry_lacking_a_field_or_with_one_unknown_is_rejected_namin
     p.write_text('[[connector]]\nsubject = "lmcache-mp"\npackage = "lmcache"\nreleases = []\n')
     with pytest.raises(ValueError, match="names no release"):
         matrix.connectors(p)
+    # vLLM's own connector runs in the vLLM releases named: releases of its own are refused, none are needed
+    p.write_text('[[connector]]\nsubject = "vllm-example"\npackage = "vllm"\nreleases = ["0.33.0"]\n')
+    with pytest.raises(ValueError, match="names releases of package 'vllm', whose releases are the vLLM releases"):
+        matrix.connectors(p)
+    p.write_text('[[connector]]\nsubject = "vllm-example"\npackage = "vllm"\n')
+    assert matrix.connectors(p)[0].releases == ()
 
 
 def test_each_connector_is_driven_by_a_known_subject_and_its_tests_exist():
@@ -65,9 +71,12 @@ def test_each_connector_is_driven_by_a_known_subject_and_its_tests_exist():
 
     assert matrix.connectors()
     for c in matrix.connectors():
-        assert subjects.spec(c.subject) and c.releases
+        assert subjects.spec(c.subject) and (c.releases or c.package == matrix.VLLM)
         assert all((REPO / t).is_file() for t in c.tests), c.tests
-        assert c.requirements(c.releases[0])[0] == f"{c.package}=={c.releases[0]}"
+        if c.package == matrix.VLLM:
+            assert c.requirements("0.33.0") == ()  # it ships with the release
+        else:
+            assert c.requirements(c.releases[0])[0] == f"{c.package}=={c.releases[0]}"
 
 
 def test_version_key_orders_numerically_with_main_last():
@@ -211,3 +220,18 @@ def test_a_matrix_it_cannot_read_is_one_line_naming_it(monkeypatch, capsys):
     out = capsys.readouterr()
     assert not out.out and out.err == (f"python -m harness.matrix: [Errno 2] No such file or directory: "
                                        f"'{matrix.PATH}'\n"), out.err
+
+
+def test_a_connector_release_whose_compiled_module_does_not_import_says_which_and_why(tmp_path):
+    p = tmp_path / "m.toml"
+    p.write_text('[[connector]]\nsubject = "lmcache-mp"\npackage = "lmcache"\nreleases = ["0.5.6"]\n'
+                 'loads = { "0.5.6" = ["math", "kvconform_no_such_native"] }\n')
+    (c,) = matrix.connectors(p)
+    assert c.unloadable("0.5.6", sys.executable) == (
+        "its compiled module kvconform_no_such_native does not import against this venv's torch: "
+        "ModuleNotFoundError: No module named 'kvconform_no_such_native'")
+    assert c.unloadable("0.4.7", sys.executable) is None  # no compiled module named for that release
+    p.write_text('[[connector]]\nsubject = "lmcache-mp"\npackage = "lmcache"\nreleases = ["0.5.6"]\n'
+                 'loads = { "0.4.7" = ["math"] }\n')
+    with pytest.raises(ValueError, match="loads names 0.4.7, not among its releases"):
+        matrix.connectors(p)

@@ -5,7 +5,8 @@ at other block ids of another allocation of the model: through the handed tensor
 target manager block hold those of the source manager block, nothing else of them changed, and the save left the
 source as it was. Block ids are the scheduler's: manager blocks, one tensor per group, from one pool; a layer's
 view is indexed by kernel blocks, `layer.manager_block_size // layer.block_size` of them per manager block where the
-release splits them.
+release splits them. No id is vLLM's null block: a sliding-window group gets real blocks only (vLLM would hand the
+null block for those wholly outside the window), so every block handed must move.
 
 Its targets are the models each release's allocation record holds (harness.handed.model); its examples are seeds
 of block moves and source bytes (`Moves`). Live, each side is built with the installed release's own KV cache config

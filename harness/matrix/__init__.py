@@ -19,7 +19,7 @@ import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -221,19 +221,35 @@ def load(path: Path = PATH) -> list[Release]:
     return out
 
 
+VLLM = "vllm"  # the package of a connector that ships with vLLM: it runs in each vLLM release, nothing installed
+
+
 @dataclass(frozen=True)
 class ConnectorPackage:
-    """A third-party KV connector package run live as a subject (a `[[connector]]` entry of matrix.toml)."""
+    """A KV connector package run live as a subject (a `[[connector]]` entry of matrix.toml): a third party's, or
+    vLLM's own (`package = "vllm"`, whose releases are the vLLM releases it runs in)."""
 
     subject: str  # the kvconform subject that drives it (`--kvconform-subject`)
     package: str  # its PyPI name
-    releases: tuple[str, ...]  # its releases to run
+    releases: tuple[str, ...]  # its releases to run; none for vLLM's own
     needs: tuple[str, ...] = ()  # what its CPU path imports beyond a vLLM release's own dependencies
     tests: tuple[str, ...] = ()  # tests of its adapter that need it installed, run beside the suites
+    loads: dict[str, tuple[str, ...]] = field(default_factory=dict)  # per release, the compiled modules its CPU path
+    # imports (built against some torch)
 
     def requirements(self, release: str) -> tuple[str, ...]:
         """What `uv pip install --no-deps` adds to a vLLM release's venv to run `release` of the package."""
-        return (f"{self.package}=={release}", *self.needs)
+        return () if self.package == VLLM else (f"{self.package}=={release}", *self.needs)
+
+    def unloadable(self, release: str, python: str) -> str | None:
+        """Why one of the compiled modules of its `release` does not import with `python` (a venv holding it and a
+        vLLM release's torch), naming the module and the error's last line; None where each imports."""
+        for module in self.loads.get(release, ()):
+            done = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True)
+            if done.returncode:
+                last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+                return f"its compiled module {module} does not import against this venv's torch: {last}"
+        return None
 
 
 def connectors(path: Path = PATH) -> list[ConnectorPackage]:
@@ -241,13 +257,20 @@ def connectors(path: Path = PATH) -> list[ConnectorPackage]:
     fields, optional = ("subject", "package", "releases"), ("needs", "tests")
     out = []
     for entry in _data(path).get("connector", []):
-        problems = [f"lacks {f}" for f in fields if f not in entry]
-        problems += [f"has unknown field {f}" for f in sorted(set(entry) - {*fields, *optional})]
-        problems += ["names no release"] if entry.get("releases") == [] else []
+        own = entry.get("package") == VLLM
+        wanted = [f for f in fields if not (own and f == "releases")]
+        problems = [f"lacks {f}" for f in wanted if f not in entry]
+        problems += [f"has unknown field {f}" for f in sorted(set(entry) - {*fields, *optional, "loads"})]
+        problems += [f"loads names {x}, not among its releases" for x in entry.get("loads", {})
+                     if x not in entry.get("releases", ())]
+        problems += ["names no release"] if entry.get("releases") == [] and not own else []
+        problems += [f"names releases of package {VLLM!r}, whose releases are the vLLM releases it runs in"] \
+            if own and "releases" in entry else []
         if problems:
             raise ValueError(f"{path}: connector entry {entry}: {'; '.join(problems)}")
-        out.append(ConnectorPackage(entry["subject"], entry["package"], tuple(entry["releases"]),
-                                    *(tuple(entry.get(f, ())) for f in optional)))
+        out.append(ConnectorPackage(entry["subject"], entry["package"], tuple(entry.get("releases", ())),
+                                    *(tuple(entry.get(f, ())) for f in optional),
+                                    {x: tuple(ms) for x, ms in entry.get("loads", {}).items()}))
     return out
 
 

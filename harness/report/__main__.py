@@ -17,7 +17,9 @@ with its count comes after, under Details. Outcome words are never folded togeth
 predicted is marked `[known]` (see docs/report.md). The performance lane's lines (results/<release>/performance.jsonl,
 harness.results.timings: all of them, whatever --run names; each release's file holds the last bench of each subject)
 are shown beside the conformance cells and in a section of their own; they never change the verdict, and a folder of
-them alone is a report whose verdict says there are no conformance results.
+them alone is a report whose verdict says there are no conformance results. Where the folder holds `nox -s
+connectors`' results (connectors/), the connector compatibility table (harness.report.connectors) ends report.md and
+report.html.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import json
 import sys
 from pathlib import Path
 
+from harness.report import connectors
 from harness.report.fold import report_data, runs
 from harness.report.html import report_html
 from harness.report.markdown import report_md
@@ -51,10 +54,10 @@ def main(argv: list[str]) -> int:
                         help="fold only this subject's lines (repeatable); several subjects get a verdict each")
     args = parser.parse_args(argv)
     try:
-        rows, timings = read(args.results), read_timings(args.results)
-        if not rows and not timings:  # either alone is a report: the performance lane's lines say NO CONFORMANCE
-            print(f"no results under {args.results} (expected <release>/results.jsonl or <release>/{TIMINGS})",
-                  file=sys.stderr)
+        rows, timings, tables = read(args.results), read_timings(args.results), connectors.tables(args.results)
+        if not rows and not timings and not tables:  # any alone is a report; its verdict says NO CONFORMANCE RESULTS
+            print(f"no results under {args.results} (expected <release>/results.jsonl, <release>/{TIMINGS} or "
+                  f"{connectors.FOLDER}/<connector>/<release>/results.jsonl)", file=sys.stderr)
             return 1
         known = [r.run for r in runs(rows)]
         if unknown := [x for x in args.run if x not in known]:
@@ -76,10 +79,15 @@ def main(argv: list[str]) -> int:
     out = args.out or args.results
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(data.as_json(), indent=1) + "\n")
-    (out / "report.md").write_text(report_md(data))
-    (out / "report.html").write_text(report_html(data))
+    shown = f"\n## Connectors: connector release × vLLM release × model\n\n{connectors.markdown(tables)}" if tables \
+        else ""
+    (out / "report.md").write_text(report_md(data) + shown)
+    page = report_html(data)
+    (out / "report.html").write_text(page.replace("</body>", connectors.section_html(tables) + "</body>") if tables
+                                     else page)
     print(f"{out / 'report.md'}, report.html: {data.verdict}; {sum(r.lines for r in data.runs)} results, "
-          f"{count(len(timings), 'performance line')}, {count(len(data.releases), 'release')}")
+          f"{count(len(timings), 'performance line')}, {count(len(data.releases), 'release')}, "
+          f"{count(len(tables), 'connector release')}")
     return 0
 
 

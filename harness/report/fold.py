@@ -34,9 +34,12 @@ def verdict(data: Report) -> str:
     """RED with how many new findings (one per finding, harness.report.keys.finding) in how many releases, or GREEN
     with how many releases something was checked in, naming the others (`unchecked`): known, stale and unexercised
     findings never make it red, but the unexercised ones are counted after it (a refusal must not read as a plain
-    GREEN); with no result line at all (the performance lane's lines only), NO CONFORMANCE RESULTS, never GREEN.
+    GREEN); with no result line at all (the performance lane's lines, or connector results, only), NO CONFORMANCE
+    RESULTS, never GREEN.
     Folded from more than one run, it names them (up to RUNS_NAMED; more are counted, and listed under Runs). Lines of
     several subjects are never folded into one verdict: each subject gets its own."""
+    if not data.runs and not data.releases:  # the folder's connector table alone (harness.report.connectors)
+        return "NO CONFORMANCE RESULTS: only connector results (nox -s connectors), under Connectors"
     if not data.runs:
         return ("NO CONFORMANCE RESULTS: only the performance lane's lines (nox -s bench) in "
                 + count(len(data.releases), "release"))

@@ -12,6 +12,8 @@ is reported as stale, and one none of whose examples ran there as unexercised. E
     outcome = "differs"     # the expected outcome word (harness.results.OUTCOMES)
     reason = "why, one line"
     link = "URL or issue reference"
+    package = "lmcache==0.4.7"  # optional: a finding of a connector package's release, which applies only where
+                                # that release is installed (a subject that drives several releases of a package)
 
 The id of an entry is `<subject>#<n>`, n counting entries from 1 in file order.
 
@@ -35,7 +37,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -51,6 +53,7 @@ else:  # Python 3.10 has no tomllib; tomli is the same parser (a dependency on 3
 
 DIRECTORY = Path(str(resources.files("harness") / "recorded" / "known_findings"))  # shipped as package data
 FIELDS = ("releases", "geometry", "sparsity", "check", "outcome", "reason", "link")
+PACKAGE = "package"  # an optional field of a finding
 PERFORMANCE_FIELDS = ("releases", "geometry", "workload", "tile", "reason", "link")
 
 
@@ -133,13 +136,15 @@ def _table(subject: str, directory: Path) -> tuple[Path, dict]:
         raise FindingsError(f"{path}: not valid TOML: {e}") from e
 
 
-def _entries(path: Path, table: dict, kind: str, fields: tuple[str, ...]) -> list[dict]:
+def _entries(path: Path, table: dict, kind: str, fields: tuple[str, ...], optional: tuple[str, ...] = ()
+             ) -> list[dict]:
     out = []
     for n, entry in enumerate(table.get(kind, []), 1):
         where = f"{path} {kind} {n}"
-        if set(entry) != set(fields):
-            raise FindingsError(f"{where}: keys {sorted(entry)}, expected exactly {sorted(fields)}")
-        if not all(isinstance(entry[k], str) for k in fields):
+        if set(entry) - set(optional) != set(fields):
+            raise FindingsError(f"{where}: keys {sorted(entry)}, expected exactly {sorted(fields)}"
+                                + (f" (and optionally {', '.join(optional)})" if optional else ""))
+        if not all(isinstance(entry[k], str) for k in entry):
             raise FindingsError(f"{where}: every value must be a string, got {entry}")
         if entry["releases"] not in ("*", "main"):
             try:
@@ -151,14 +156,28 @@ def _entries(path: Path, table: dict, kind: str, fields: tuple[str, ...]) -> lis
 
 
 def load(subject: str, directory: Path = DIRECTORY) -> tuple[Finding, ...]:
-    """The known findings of `subject`; none when it has no file. A malformed file raises FindingsError."""
+    """The known findings of `subject` (those of a package release other than the installed one left out); none
+    when it has no file. A malformed file raises FindingsError."""
     path, table = _table(subject, directory)
     out = []
-    for n, entry in enumerate(_entries(path, table, "finding", FIELDS), 1):
+    for n, entry in enumerate(_entries(path, table, "finding", FIELDS, (PACKAGE,)), 1):
         if entry["outcome"] not in OUTCOMES:
             raise FindingsError(f"{path} finding {n}: outcome {entry['outcome']!r} is not one of {OUTCOMES}")
-        out.append(Finding(id=f"{subject}#{n}", **entry))
+        package = entry.pop(PACKAGE, None)
+        if package is None or installed(package, f"{path} finding {n}"):
+            out.append(Finding(id=f"{subject}#{n}", **entry))
     return tuple(out)
+
+
+def installed(package: str, where: str) -> bool:
+    """`package` (`name==X`) is the release of that distribution installed here."""
+    name, sep, release = package.partition("==")
+    if not sep or not name or not release:
+        raise FindingsError(f"{where}: package {package!r} is not `name==release`")
+    try:
+        return metadata.version(name) == release
+    except metadata.PackageNotFoundError:
+        return False
 
 
 def load_performance(subject: str, directory: Path = DIRECTORY) -> KnownPerformance:

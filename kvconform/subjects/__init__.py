@@ -1,6 +1,7 @@
 """kvconform's own subjects by the short names `--kvconform-subject` takes: `modelopt` (nvidia-modelopt's kernel and
 vLLM plugin, kvconform.subjects.modelopt), `lmcache-mp` (LMCache's multi-process KV connector and its server,
-kvconform.subjects.lmcache_mp), `contiguous-views` (the built-in kernel behind a planted performance bug,
+kvconform.subjects.lmcache_mp), `vllm-example` (vLLM's own ExampleConnector, kvconform.subjects.vllm_example),
+`contiguous-views` (the built-in kernel behind a planted performance bug,
 kvconform.subjects.slow) and `mutant:<name>` (the built-in kernel with a planted bug, kvconform.subjects.mutants),
 beside the core's `builtin`.
 
@@ -14,7 +15,8 @@ from harness import subjects as core
 
 NAMED = {"modelopt": "kvconform.subjects.modelopt:ModeloptSubject",
          "contiguous-views": "kvconform.subjects.slow:ContiguousViews",
-         "lmcache-mp": "kvconform.subjects.lmcache_mp:LMCacheMP"}
+         "lmcache-mp": "kvconform.subjects.lmcache_mp:LMCacheMP",
+         "vllm-example": "kvconform.subjects.vllm_example:VllmExample"}
 MUTANT = "mutant:"  # `mutant:<name>`: kvconform.subjects.mutants.MUTANTS
 
 

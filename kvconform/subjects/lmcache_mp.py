@@ -6,7 +6,7 @@ What runs is LMCache's code; this adapter only calls its entry points, in the or
 scheduler side call them:
 - the server: `python -m lmcache.v1.multiprocess.server`, one per chunk size, on a free local port, with the options
   a user gives it (`SERVER_OPTIONS`; `--chunk-size` the smallest LMCache accepts for the model: its scheduler block,
-  `get_vllm_scheduler_block_size`, so that the moved blocks are whole chunks);
+  `get_vllm_scheduler_block_size`, so that the moved blocks are whole chunks; `chunk_and_tokens_per_block`);
 - a side: `LMCacheMPConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)`, `vllm_config` the release's
   current one (the model's as the release planned it: block size, resolved KV cache layout) with the user's settings
   of `--kv-transfer-config` (`transfer_config`) and a model config that carries only the model's name (the one field
@@ -18,12 +18,18 @@ scheduler side call them:
 - load: a scheduler-role connector's lookup of those tokens (`maybe_submit_lookup_request`, `check_lookup_result`:
   a retrieve reads only what a lookup found and locked), then the RETRIEVE request over the tokens found, bound on
   the target, `start_load_kv`, `get_finished` until it is done, and `get_block_ids_with_load_errors`.
+
+Releases: LMCache 0.5.6 and 0.4.7. What differs between them, and only that, is named here: where the request
+metadata classes live (`metadata_classes`) and how the chunk size and each group's tokens per block are computed
+(`chunk_and_tokens_per_block`: 0.5.6's own helpers; 0.4.7 has none and computes them inline in
+`LMCacheMPConnector.__init__`, read here as it reads them).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import socket
 import subprocess
 import sys
@@ -33,7 +39,8 @@ import uuid
 from pathlib import Path
 
 # `--supported-transfer-mode auto`: the server serves only LMCache-driven transfers by default, while a CPU worker's
-# default (its device's, LMCACHE_MP_TRANSFER_MODE unset) is engine-driven; a user pairs them by serving both.
+# default (its device's, LMCACHE_MP_TRANSFER_MODE unset) is engine-driven; a user pairs them by serving both. (LMCache
+# 0.4.7's server serves both by default, `auto`, and takes the same options.)
 SERVER_OPTIONS = ("--l1-size-gb", "1", "--eviction-policy", "LRU", "--disable-observability",
                   "--supported-transfer-mode", "auto")
 WAIT_S = 120.0  # how long a request may take before the side says LMCache did not finish it
@@ -44,6 +51,44 @@ def transfer_config(port: int) -> dict[str, object]:
     return {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
             "kv_connector_extra_config": {"lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": port,
                                           "lmcache.mp.mq_timeout": WAIT_S}}
+
+
+def metadata_classes() -> tuple[type, type]:
+    """(LMCacheMPConnectorMetadata, LMCacheMPRequestMetadata) of the installed LMCache: 0.5.6 keeps them in
+    lmcache_mp_metadata.py, 0.4.7 in lmcache_mp_connector.py itself."""
+    try:
+        from lmcache.integration.vllm.lmcache_mp_metadata import (
+            LMCacheMPConnectorMetadata,
+            LMCacheMPRequestMetadata,
+        )
+    except ModuleNotFoundError as missing:  # LMCache 0.4.7
+        if missing.name != "lmcache.integration.vllm.lmcache_mp_metadata":
+            raise
+        from lmcache.integration.vllm.lmcache_mp_connector import (
+            LMCacheMPConnectorMetadata,
+            LMCacheMPRequestMetadata,
+        )
+    return LMCacheMPConnectorMetadata, LMCacheMPRequestMetadata
+
+
+def chunk_and_tokens_per_block(vllm_config, kv_cache_config) -> tuple[int, list[int]]:
+    """The smallest chunk size the installed LMCache's connector accepts for the model, and the tokens one block id
+    covers in each KV cache group, as that release computes them."""
+    from lmcache.integration.vllm import lmcache_mp_connector as mp
+
+    if hasattr(mp, "get_vllm_scheduler_block_size"):  # LMCache 0.5.6: its own helpers
+        return (mp.get_vllm_scheduler_block_size(vllm_config, kv_cache_config),
+                mp.get_group_tokens_per_block(vllm_config, kv_cache_config))
+    # LMCache 0.4.7 has no helper for either. Tokens per block: LMCacheMPConnector.__init__, lmcache_mp_connector.py
+    # :550-564 (`[group.kv_cache_spec.block_size for group in vllm_groups] or [vllm_config.cache_config.block_size]`,
+    # vllm_groups the kv_cache_config's kv_cache_groups). Chunk: the chunk must be a multiple of each of those
+    # (lmcache_mp_connector.py:583, and vllm_multi_process_adapter.py:1065 at registration) and of the
+    # `vllm_block_size` it hands its adapters, `vllm_config.cache_config.block_size` (lmcache_mp_connector.py:533 and
+    # :543, asserted at vllm_multi_process_adapter.py:579 and :985); the least such is their lcm (the lcm of the groups'
+    # alone is `_hit_alignment_tokens`, lmcache_mp_connector.py:575).
+    groups = (getattr(kv_cache_config, "kv_cache_groups", ()) or ()) if kv_cache_config is not None else ()
+    tokens_per_block = [group.kv_cache_spec.block_size for group in groups] or [vllm_config.cache_config.block_size]
+    return math.lcm(vllm_config.cache_config.block_size, *tokens_per_block), tokens_per_block
 
 
 class _Servers:
@@ -90,13 +135,17 @@ class LMCacheMP:
         self.sides: list[Side] = []
 
     def connector(self, kv_cache_config, layers) -> Side:
-        # A side's work ends when the next example's begins: the older sides are shut down as vLLM shuts a
-        # connector down, the newest is kept (its tensors are read after its load).
-        while len(self.sides) > 1:
-            self.sides.pop(0).shutdown()
         if LMCacheMP.servers is None:
             LMCacheMP.servers = _Servers()
         self.sides.append(Side(kv_cache_config, LMCacheMP.servers))
+        # A side's work ends when the next example's begins: the older sides are shut down as vLLM shuts a
+        # connector down, the newest two kept (the last one's tensors are read after its load). Only after the new
+        # side is built: pyzmq names a socket's monitor endpoint by its file descriptor (`inproc://monitor.s-<fd>`,
+        # LMCache's MessageQueueClient monitors its socket, in zmq.Context.instance()), and ZMQ unbinds a closed
+        # socket's endpoint later, in its reaper thread; a socket made right after a close can get the freed
+        # descriptor while the old endpoint is still bound: `ZMQError: Address already in use`.
+        while len(self.sides) > 2:
+            self.sides.pop(0).shutdown()
         return self.sides[-1]
 
 
@@ -106,19 +155,14 @@ class Side:
     def __init__(self, kv_cache_config, servers: _Servers) -> None:
         import types
 
-        from lmcache.integration.vllm.lmcache_mp_connector import (
-            LMCacheMPConnector,
-            get_group_tokens_per_block,
-            get_vllm_scheduler_block_size,
-        )
+        from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
         from vllm.config import KVTransferConfig, get_current_vllm_config
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
         self.vllm_config, self.kv_cache_config = get_current_vllm_config(), kv_cache_config
-        chunk = get_vllm_scheduler_block_size(self.vllm_config, kv_cache_config)
+        chunk, self.tokens_per_block = chunk_and_tokens_per_block(self.vllm_config, kv_cache_config)
         self.vllm_config.kv_transfer_config = KVTransferConfig(**transfer_config(servers.port(chunk)))
         self.vllm_config.model_config = types.SimpleNamespace(model="kvconform")
-        self.tokens_per_block = get_group_tokens_per_block(self.vllm_config, kv_cache_config)
         self.role, self.make = KVConnectorRole, LMCacheMPConnector
         self.worker = LMCacheMPConnector(self.vllm_config, KVConnectorRole.WORKER, kv_cache_config)
         self.scheduler = None
@@ -159,13 +203,10 @@ class Side:
     def _run(self, direction: str, block_ids, tokens: list[int], salt: str, end: int, request: str = "") -> None:
         """One STORE or RETRIEVE request over tokens [0, end) at these blocks, as LMCache's scheduler side makes it
         and vLLM's worker runs it."""
-        from lmcache.integration.vllm.lmcache_mp_metadata import (
-            LMCacheMPConnectorMetadata,
-            LMCacheMPRequestMetadata,
-        )
         from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
         from lmcache.v1.multiprocess.group_view import slice_block_ids_per_group
 
+        LMCacheMPConnectorMetadata, LMCacheMPRequestMetadata = metadata_classes()
         request = request or uuid.uuid4().hex
         blocks = slice_block_ids_per_group({g: x.tolist() for g, x in enumerate(block_ids)}, self.tokens_per_block,
                                            0, end)
