@@ -47,6 +47,7 @@ def root(tmp_path):
     add(folder, "0.33.0", "shared", "bit-identical")
     add(folder, "0.33.0", "kernel-split", "stale", known="lmcache-mp#2")
     add(folder, "0.25.1", "shared", "not-run", "needs vLLM's own classes")
+    add(folder, "0.33.0", "cross-layer", "bit-identical")  # 0.25.1's run did not select it (-k)
     merged(folder)
     results.install_error(tmp_path / "results" / "connectors" / "lmcache-0.4.7", "0.33.0",
                           "lmcache 0.4.7: uv pip install --no-deps lmcache==0.4.7 failed")
@@ -58,7 +59,7 @@ def test_each_cell_is_one_word_from_its_lines(root):
     t = by["lmcache-0.5.6"]
     assert t.releases == ("0.25.1", "0.33.0") and t.subject == "lmcache-mp"
     # in the order the newest release's allocation record has them
-    assert t.models == ("uniform", "kernel-split", "sliding", "padded-split", "shared", "mla-indexer")
+    assert t.models == ("uniform", "kernel-split", "sliding", "padded-split", "shared", "mla-indexer", "cross-layer")
     c = t.cells
     assert c["uniform", "0.33.0"] == connectors.Compatibility("green")
     # a failing line makes the cell red whatever passed beside it, with its outcome, words, REPRO and known finding;
@@ -72,6 +73,8 @@ def test_each_cell_is_one_word_from_its_lines(root):
     assert c["shared", "0.25.1"] == connectors.Compatibility("not run", "not-run: needs vLLM's own classes")
     assert c["padded-split", "0.25.1"] == connectors.Compatibility(
         "not taken", "vLLM 0.25.1 refused it at allocate_kv_cache: ValueError: no")
+    assert c["cross-layer", "0.25.1"] == connectors.Compatibility("not run",
+                                                                  "no result line of it (not selected in the run)")
     assert c["mla-indexer", "0.33.0"].detail == "none of its layers holds K and V (layers.0.attn (latent TRITON_MLA))"
     # a package release that did not install is a cell that says so, never a pass
     assert by["lmcache-0.4.7"].cells == {(connectors.EVERY, "0.33.0"): connectors.Compatibility(

@@ -92,7 +92,9 @@ def tables(root: Path) -> list[Table]:
                 lines = [r for r in ours if r.release == release and r.geometry == PREFIX + m]
                 cells[m, release] = (Compatibility("not installable", installed[release]) if release in installed
                                      else cell(lines) if lines
-                                     else Compatibility("not taken", reasons.get(release, {}).get(m, "no result line")))
+                                     else Compatibility("not taken", reasons[release][m])
+                                     if m in reasons.get(release, {})
+                                     else Compatibility("not run", "no result line of it (not selected in the run)"))
         subject = next((r.subject for r in ours), "")
         out.append(Table(folder.name, subject, releases, models, cells, not_taken))
     return out
