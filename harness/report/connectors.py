@@ -23,7 +23,7 @@ from harness.recordings import api_history
 from harness.results import PASSING, STALE, UNEXERCISED, Result, read
 
 FOLDER = "connectors"
-CHECK = checks.MODEL_TRANSFER.name
+CHECKS = {c.name for c in checks.CHECKS if "connector" in c.needs}  # the checks that drive a connector
 PREFIX = "model:"
 UNRUN = ("not-run", "skipped", "timeout")
 EVERY = "every model"
@@ -78,7 +78,7 @@ def tables(root: Path) -> list[Table]:
             continue
         releases = tuple(sorted({r.release for r in rows}, key=version_key))
         installed = {r.release: r.diagnosis for r in rows if r.outcome == "install-error"}
-        ours = [r for r in rows if r.check == CHECK]
+        ours = [r for r in rows if r.check in CHECKS]
         models = tuple(dict.fromkeys(r.geometry.removeprefix(PREFIX) for r in ours if r.geometry.startswith(PREFIX)))
         not_taken = {r.release: r.diagnosis for r in ours if r.geometry == "*" and r.outcome == "not-applicable"}
         reasons = {release: _reasons(line) for release, line in not_taken.items()}
