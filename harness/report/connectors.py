@@ -19,7 +19,7 @@ from pathlib import Path
 
 from harness import checks
 from harness.matrix import version_key
-from harness.recordings import api_history
+from harness.recordings import allocations, api_history
 from harness.results import PASSING, STALE, UNEXERCISED, Result, read
 
 FOLDER = "connectors"
@@ -42,15 +42,13 @@ class Compatibility:
 
 @dataclass(frozen=True)
 class Table:
-    """One connector release: its subject, the vLLM releases it ran on, its models, each cell, and per release why
-    the models it does not take are not taken."""
+    """One connector release: its subject, the vLLM releases it ran on, its models and each cell."""
 
     connector: str  # `<package>-<X>`
     subject: str
     releases: tuple[str, ...]
     models: tuple[str, ...]
     cells: dict[tuple[str, str], Compatibility]  # (model, release)
-    not_taken: dict[str, str]  # release: its not-applicable line
 
 
 def cell(lines: list[Result]) -> Compatibility:
@@ -86,27 +84,29 @@ def tables(root: Path) -> list[Table]:
         recorded = _recorded_models(releases)
         models = tuple(sorted(models, key=lambda m: recorded.index(m) if m in recorded else len(recorded))) \
             or (EVERY,)  # installed nowhere: no model ran
+        by_cell: dict[tuple[str, str], list[Result]] = {}
+        for r in ours:
+            by_cell.setdefault((r.geometry.removeprefix(PREFIX), r.release), []).append(r)
         cells = {}
         for release in releases:
             for m in models:
-                lines = [r for r in ours if r.release == release and r.geometry == PREFIX + m]
+                lines = by_cell.get((m, release), [])
                 cells[m, release] = (Compatibility("not installable", installed[release]) if release in installed
                                      else cell(lines) if lines
                                      else Compatibility("not taken", reasons[release][m])
                                      if m in reasons.get(release, {})
                                      else Compatibility("not run", "no result line of it (not selected in the run)"))
         subject = next((r.subject for r in ours), "")
-        out.append(Table(folder.name, subject, releases, models, cells, not_taken))
+        out.append(Table(folder.name, subject, releases, models, cells))
     return out
 
 
 def _recorded_models(releases: tuple[str, ...]) -> list[str]:
     """The models in the order the newest recorded release among `releases` records them (the probe's order)."""
+    recorded = api_history.releases()
     for release in reversed(releases):
-        path = api_history.ROOT / f"{release}.json"
-        if path.exists():
-            found = api_history.recorded(release).get("observations", {}).get("allocations", {}).get("models", {})
-            return list(found)
+        if release in recorded:
+            return list((allocations.read(api_history.recorded(release)) or {}).get("models", {}))
     return []
 
 

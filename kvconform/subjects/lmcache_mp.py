@@ -86,8 +86,8 @@ def chunk_and_tokens_per_block(vllm_config, kv_cache_config) -> tuple[int, list[
     # `vllm_block_size` it hands its adapters, `vllm_config.cache_config.block_size` (lmcache_mp_connector.py:533 and
     # :543, asserted at vllm_multi_process_adapter.py:579 and :985); the least such is their lcm (the lcm of the groups'
     # alone is `_hit_alignment_tokens`, lmcache_mp_connector.py:575).
-    groups = (getattr(kv_cache_config, "kv_cache_groups", ()) or ()) if kv_cache_config is not None else ()
-    tokens_per_block = [group.kv_cache_spec.block_size for group in groups] or [vllm_config.cache_config.block_size]
+    tokens_per_block = [group.kv_cache_spec.block_size for group in kv_cache_config.kv_cache_groups] \
+        or [vllm_config.cache_config.block_size]
     return math.lcm(vllm_config.cache_config.block_size, *tokens_per_block), tokens_per_block
 
 
