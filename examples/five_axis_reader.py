@@ -18,9 +18,11 @@ class FiveAxisReader:
     def split(self, kv_cache, layer):
         blocks_first = self.shape(layer, 1)[0] == 1
         want = self.shape(layer, kv_cache.shape[0 if blocks_first else 1]) if kv_cache.dim() == 5 else None
-        order = getattr(layer.backend, "get_kv_cache_stride_order", lambda: range(5))()
-        strides = [kv_cache.stride(i) for i in order] if want else []
-        if tuple(kv_cache.shape) != want or kv_cache.stride(-1) != 1 or strides != sorted(strides, reverse=True):
+        order = list(getattr(layer.backend, "get_kv_cache_stride_order", lambda: range(5))())
+        swapped = [order[1], order[0], *order[2:]]  # blocks outside K/V: a hybrid model's layers get these
+        ordered = want and any((s := [kv_cache.stride(i) for i in o]) == sorted(s, reverse=True)
+                               for o in (order, swapped))
+        if tuple(kv_cache.shape) != want or kv_cache.stride(-1) != 1 or not ordered:
             raise ValueError(f"kv_cache of shape {tuple(kv_cache.shape)} strides {kv_cache.stride()} is not the "
                              f"{want} cache vLLM {layer.release} lays out")
         return (kv_cache[:, 0], kv_cache[:, 1]) if blocks_first else (kv_cache[0], kv_cache[1])

@@ -23,6 +23,8 @@ def geometries(release: str, names: list[str] | None = None, count: int | None =
 
 
 def cut(release: str, contracts: tuple[Contract, ...], name: str | None = None) -> store.Recording:
-    """A recording named `name` (default `release`) of `contracts`, with `release`'s observations and layout API."""
+    """A recording named `name` (default `release`) of `contracts`, with `release`'s observations and layout API but
+    its whole-model allocations (their layers' contracts are the release's, which the cut may leave out)."""
     rec = store.load(release)
-    return store.Recording(name or release, contracts, rec.observations, rec.api)
+    observed = {k: v for k, v in rec.observations.items() if k != "allocations"}
+    return store.Recording(name or release, contracts, observed, rec.api)

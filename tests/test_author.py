@@ -231,7 +231,7 @@ def _pytest(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Comple
                                **(env or {})})
 
 
-@pytest.mark.parametrize("word, module", [("split", "test_split"), ("malformed", "test_malformed"),
+@pytest.mark.parametrize("word, module", [("split_agrees", "test_split"), ("malformed", "test_malformed"),
                                           ("transfer", "test_transfer"), ("relayout", "test_relayout")])
 def test_a_check_word_given_to_k_selects_that_check_alone(tmp_path, word, module):
     done = _pytest(tmp_path, "--pyargs", "kvconform.suites", "--co", "-q", "--kvconform-subject=offloader:Offloader",

@@ -86,12 +86,14 @@ def test_a_correct_consumer_is_green_and_gets_no_forward_check(host):
 
 
 def test_a_consumer_that_unbinds_axis_0_is_red_with_repro_lines_on_blocks_first_and_packed(host):
-    done = _suites(host, "Unbinds", "-k", "split")
+    done = _suites(host, "Unbinds", "-k", "split_agrees")
     out = done.stdout.str()
     assert done.ret == 1, out[-3000:]
     got = _outcomes(out)
     failed = {i for i, w in got.items() if w == "FAILED"}
-    assert failed == {i for i in got if "[0.25.1-" in i or "[0.33.0-" in i} and len(failed) == 4 + 9, got
+    # 0.33.0: its 9 packed geometries and the 4 FLASH_ATTN model layers handed packed views at an offset
+    # (harness.run.targets.InModel)
+    assert failed == {i for i in got if "[0.25.1-" in i or "[0.33.0-" in i} and len(failed) == 4 + 9 + 4, got
     assert all(w == "PASSED" for i, w in got.items() if "[0.22.1-" in i), got
     repros = re.findall(r"REPRO split-agrees release=(\S+) \(replay\) geometry=(\S+)", out)
     assert {r for r, _ in repros} == {"0.25.1", "0.33.0"}, out[-3000:]

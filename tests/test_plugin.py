@@ -124,7 +124,9 @@ def test_a_subject_that_unbinds_axis_0_fails_exactly_on_blocks_first_and_packed(
     assert done.ret == 1, out[-3000:]
     got = _outcomes(out)
     failed = {item for item, word in got.items() if word == "FAILED"}
-    assert failed and all(("[0.25.1-blocks-first" in i or "[0.33.0-packed" in i) for i in failed), got
+    # (0.33.0's model layers at an offset are handed packed views too: harness.run.targets.InModel)
+    assert failed and all(("[0.25.1-blocks-first" in i or "[0.33.0-packed" in i or "[0.33.0-model:" in i)
+                          for i in failed), got
     assert all(word == "PASSED" for item, word in got.items() if "[0.22.1-" in item), got
     # Every blocks-first and packed split-agrees item fails; the kernel checks there are not run, not passed.
     split_items = [i for i in got if i.startswith("test_split_agrees[") and "0.22.1" not in i]

@@ -204,7 +204,8 @@ def test_the_plugin_catches_the_shape_sniffing_offloader_only_on_blocks_first(py
     got = _outcomes(out)
     failed = {i for i, w in got.items() if w == "FAILED"}
     assert failed == {i for i in got if "[0.25.1-blocks-first" in i} and len(failed) == 4, got
-    assert all(w == "PASSED" for i, w in got.items() if i not in failed) and len(got) == 4 + 4 + 9, got
+    # and the FLASH_ATTN model layers handed views no geometry has: 0.22.1's hybrid one, four of 0.33.0 at an offset
+    assert all(w == "PASSED" for i, w in got.items() if i not in failed) and len(got) == 4 + 4 + 9 + 1 + 4, got
     assert not any("bit_identity" in i for i in got)  # needs forwards: not generated for an offloader
     repros = re.findall(r"REPRO transfer release=(\S+) \(replay\) geometry=(\S+) .* num_blocks=(\d+) ", out)
     assert repros and {(r, n) for r, _, n in repros} == {("0.25.1", "2")}, out[-3000:]

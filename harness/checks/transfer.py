@@ -10,7 +10,9 @@ Every target first runs the ambiguous examples (harness.draws.strategies.ambiguo
 two layers of a shared allocation, V's own head dim on a diff-KV contract), each moving every page that holds tokens:
 at num_blocks 2 both pages hold tokens and swap places, at num_blocks 3 the last page moves. Generated examples then
 come half from one-sequence cases that fit 2 or 3 pages, half from the ordinary strategy (at least 2 pages, so that
-every block has another to go to).
+every block has another to go to). It takes the views a whole model hands a layer where no geometry has them too
+(harness.run.targets.InModel): moved within a poisoned copy of the model's allocation, every other byte of it (the
+other layers') verified untouched.
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ from harness.checks.outcome import Outcome, compare
 from harness.compare import bits
 from harness.contract import Contract, views
 from harness.contract.views import poison
+from harness.draws import in_model
 from harness.draws.strategies import Example, Sizes, ambiguous, cases, num_blocks
 from harness.draws.strategies import examples as placed
 from harness.handed.cache import Paging
 from harness.handed.layer import Layer, in_force
 from harness.results import Word
 from harness.run.implementation import Implementation
-from harness.run.targets import Target
+from harness.run.session import Session
+from harness.run.targets import InModel, Target, geometries, in_models
 from harness.run.trial import Trial
 
 SMALL = (2, 3)
@@ -103,10 +107,10 @@ def moved(t: Trial, to: Contract, to_layer: Layer, refusable: bool = False) -> O
     if not torch.equal(bits(source), bits(before)):
         changed = int((bits(source) != bits(before)).sum())
         return Outcome(Word.DIFFERS, f"extract of blocks {src} changed {changed} elements of the source cache")
-    want_k, want_v = (t[source_ids].clone() for t in views.split(ex.contract, p.kv_cache, dims))
+    want_k, want_v = (t[source_ids].clone() for t in views.split(ex.contract, p.kv_cache, dims, ex.within))
     poison(source)
 
-    target = views.allocate(to, dims, ex.case.torch_dtype, device)
+    target = views.allocate(to, dims, ex.case.torch_dtype, device, ex.within)
     moves = f"blocks {src} -> {dst}, num_blocks {ex.num_blocks}"
     if refusable:
         try:
@@ -125,10 +129,10 @@ def moved(t: Trial, to: Contract, to_layer: Layer, refusable: bool = False) -> O
                                      "allocated with: inject wrote nothing, or only poison (a payload that aliases the "
                                      f"source reads its reused, poisoned blocks) ({moves})")
 
-    expected = views.allocate(to, dims, ex.case.torch_dtype, device)
-    ek, ev = views.split(to, expected, dims)
+    expected = views.allocate(to, dims, ex.case.torch_dtype, device, ex.within)
+    ek, ev = views.split(to, expected, dims, ex.within)
     ek[target_ids], ev[target_ids] = want_k, want_v
-    got_k, got_v = views.split(to, target, dims)
+    got_k, got_v = views.split(to, target, dims, ex.within)
     for name, got, want in (("K", got_k, ek), ("V", got_v, ev)):
         for s, d in zip(src, dst):
             o = compare(got[d], want[d], f"{name} of source block {s} injected at block {d} ({moves}"
@@ -139,7 +143,8 @@ def moved(t: Trial, to: Contract, to_layer: Layer, refusable: bool = False) -> O
     wrong = (whole != other).nonzero()
     if wrong.numel():
         return Outcome(Word.DIFFERS, f"{wrong.numel()} elements of the target allocation outside the K/V of "
-                                     f"blocks {dst} changed (first at {where(to, dims, int(wrong[0]))}; {moves})")
+                                     f"blocks {dst} changed (first at {where(to, dims, int(wrong[0]), ex.within)}; "
+                                     f"{moves})")
     return Outcome(Word.BIT_IDENTICAL)
 
 
@@ -148,8 +153,11 @@ def _written(target: torch.Tensor) -> int:
     return int((bits(storage(target)) != bits(poison(storage(target).clone()))).sum())
 
 
-def where(contract: Contract, dims, first: int) -> str:
-    """Where flat element `first` of a `contract` allocation at `dims` lies, in the contract's physical axes."""
+def where(contract: Contract, dims, first: int, within: views.InAllocation | None = None) -> str:
+    """Where flat element `first` of a `contract` allocation at `dims` lies, in the contract's physical axes (in a
+    model's allocation, `within`: its element)."""
+    if within is not None:
+        return f"element {first} of the model's allocation (the layer's view: {within.view})"
     at = torch.unravel_index(torch.tensor(first), views.physical_shape(contract, dims))
     return ", ".join(f"{a}={int(i)}" for a, i in zip(contract.layout.physical, at))
 
@@ -169,6 +177,19 @@ class Moved(Implementation):
 
 
 class Transfer(Moved):
+    def targets(self, session: Session) -> list[Target]:
+        return geometries(session) + in_models(session)
+
+    def examples(self, target: Target, sizes: Sizes):
+        if isinstance(target, InModel):
+            return in_model.examples(target.views, sizes)
+        return super().examples(target, sizes)
+
+    def explicit(self, target: Target, sizes: Sizes):
+        if isinstance(target, InModel):
+            return [(ex, 0) for ex, _ in in_model.explicit(target.views, sizes)]
+        return super().explicit(target, sizes)
+
     def body(self, t: Trial) -> Outcome:
         return moved(t, t.example.contract, t.layer)  # the target: another layer of the same layout
 

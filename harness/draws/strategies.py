@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 from hypothesis.internal.conjecture import providers
 
 from harness.contract import Contract, Dims
+from harness.contract.views import InAllocation
 from harness.draws.cases import SPARSITY_MODES, Case, Sparsity
 from harness.handed.cache import PAGE_ORDERS, Paging, paging
 
@@ -210,7 +211,7 @@ def _block_size_choices(sizes: Sizes, head_dim: int) -> tuple[int, ...]:
     return sizes.block_sizes + ((head_dim,) if head_dim in sizes.block_sizes else ())
 
 
-_CAUSAL = st.booleans().map(lambda b: not b)  # shrinks towards causal
+CAUSAL = st.booleans().map(lambda b: not b)  # shrinks towards causal
 
 
 @cache
@@ -226,7 +227,7 @@ def cases(draw, sizes: Sizes, mode: str | None = None, work: int = 0) -> Case:
         q_lens, kv_lens = within(q_lens, kv_lens, num_heads, work)
     return Case(
         q_lens, kv_lens, num_heads, kv_heads, head_dim=head_dim, block_size=block_size,
-        dtype=draw(_sampled(sizes.dtypes)), causal=draw(_CAUSAL),
+        dtype=draw(_sampled(sizes.dtypes)), causal=draw(CAUSAL),
         sparsity=draw(sparsities(sizes, mode)), seed=draw(st.integers(0, 2**16)),
     )
 
@@ -290,7 +291,8 @@ def num_blocks(draw, needed: int) -> int:
 @cache
 def _page_counts(needed: int) -> st.SearchStrategy[int]:
     small = [n for n in (2, 3) if n >= needed]
-    return st.one_of(st.just(needed), st.sampled_from(small) if small else st.nothing(), st.integers(needed, needed + 4))
+    return st.one_of(st.just(needed), st.sampled_from(small) if small else st.nothing(),
+                     st.integers(needed, needed + 4))
 
 
 @cache
@@ -312,7 +314,8 @@ def diff_kv_dims(sizes: Sizes) -> st.SearchStrategy[tuple[int, int]]:
 @dataclass(frozen=True)
 class Example:
     """One conformance example: a case placed in a release's contract geometry with a page assignment; on a diff-KV
-    contract V has its own head dim (`head_dim_v`; 0: the case's head_dim, K's)."""
+    contract V has its own head dim (`head_dim_v`; 0: the case's head_dim, K's); in a whole model's allocation, the
+    layer's view `within` it (None: the contract's own allocation)."""
 
     case: Case
     contract: Contract
@@ -322,6 +325,7 @@ class Example:
     page_order: str = "shuffled"  # "reversed" always uses the last page of the cache
     page_seed: int = 0
     head_dim_v: int = 0
+    within: InAllocation | None = None
 
     def __post_init__(self) -> None:
         if self.head_dim_v and not self.contract.diff_kv:
@@ -349,7 +353,9 @@ class Example:
         """What a REPRO line says of it (with the check's own argument `extra`)."""
         return (f"layers={self.num_layers}/{self.layer} num_blocks={self.num_blocks} "
                 f"pages={self.page_order}/{self.page_seed} "
-                + (f"head_dim_v={self.head_dim_v} " if self.head_dim_v else "") + f"extra={extra!r} {self.case!r}")
+                + (f"head_dim_v={self.head_dim_v} " if self.head_dim_v else "")
+                + (f"view={self.within.view} in {self.within.nbytes} bytes " if self.within else "")
+                + f"extra={extra!r} {self.case!r}")
 
     def summary(self, extra: object) -> str:
         """What a kept example's file says of it, for a reader: its case."""
@@ -366,6 +372,10 @@ class Example:
         body["case"], body["contract"] = asdict(self.case), self.contract.to_json()
         if not self.head_dim_v:  # an example of one head dim says nothing of V's, so its line and digest hold only K's
             del body["head_dim_v"]
+        if self.within is None:  # likewise an example in the contract's own allocation
+            del body["within"]
+        else:
+            body["within"] = self.within.to_json()
         return json.dumps(body, sort_keys=True)
 
     @classmethod
@@ -374,7 +384,9 @@ class Example:
         c = body["case"]
         case = Case(**{**c, "q_lens": tuple(c["q_lens"]), "kv_lens": tuple(c["kv_lens"]),
                        "sparsity": Sparsity(**c["sparsity"])})
-        return cls(**{**body, "case": case, "contract": Contract.from_json(body["contract"])})
+        within = body.get("within")
+        return cls(**{**body, "case": case, "contract": Contract.from_json(body["contract"]),
+                      "within": within and InAllocation.from_json(within)})
 
 
 @st.composite

@@ -83,12 +83,13 @@ def write(k_cache: torch.Tensor, v_cache: torch.Tensor, paging: Paging, k: torch
     _indexable(v_cache)[page, offset] = _indexable(v.to(v_cache.dtype))
 
 
-def filled(contract: Contract, dims: Dims, paging: Paging, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """A layer's kv_cache in `contract`'s geometry holding token rows k [total_kv, H, Dk] and v [total_kv, H, Dv] as
-    its cache dtype stores them (`Contract.stored`) where the contract puts them (what vLLM's cache write does); every
-    other element poisoned."""
-    kv_cache = views.allocate(contract, dims, k.dtype, k.device)
-    write(*views.split(contract, kv_cache, dims), paging, k, v)
+def filled(contract: Contract, dims: Dims, paging: Paging, k: torch.Tensor, v: torch.Tensor,
+           within: views.InAllocation | None = None) -> torch.Tensor:
+    """A layer's kv_cache in `contract`'s geometry (the view `within` a model's allocation, where given) holding token
+    rows k [total_kv, H, Dk] and v [total_kv, H, Dv] as its cache dtype stores them (`Contract.stored`) where the
+    contract puts them (what vLLM's cache write does); every other element of its allocation poisoned."""
+    kv_cache = views.allocate(contract, dims, k.dtype, k.device, within)
+    write(*views.split(contract, kv_cache, dims, within), paging, k, v)
     return kv_cache
 
 

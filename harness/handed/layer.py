@@ -167,8 +167,13 @@ def kv_views(kv_cache: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, torch.
     """K and V views [B, N, H, D] of `layer`'s kv_cache, laid out as `contract_of(layer)`; ContractError naming the
     tensor's shape and that layout for a tensor not of it."""
     c = contract_of(layer)
-    dims = None
-    if kv_cache.dim() == len(c.layout.logical):
-        dims = Dims(kv_cache.shape[c.layout.logical.index("B")], layer.block_size, layer.num_kv_heads, layer.head_size,
-                    layer.num_layers, layer.layer_index, 0 if layer.head_size_v == layer.head_size else layer.head_size_v)
-    return views.split(c, kv_cache, dims)
+    return views.split(c, kv_cache, dims_of(c, kv_cache, layer))
+
+
+def dims_of(c: Contract, kv_cache: torch.Tensor, layer: Layer) -> Dims | None:
+    """The sizes of `layer`'s kv_cache laid out as `c`: its blocks from the tensor, the rest from the layer (None
+    for a tensor of another rank)."""
+    if kv_cache.dim() != len(c.layout.logical):
+        return None
+    return Dims(kv_cache.shape[c.layout.logical.index("B")], layer.block_size, layer.num_kv_heads, layer.head_size,
+                layer.num_layers, layer.layer_index, 0 if layer.head_size_v == layer.head_size else layer.head_size_v)

@@ -1,7 +1,8 @@
 """A whole model's KV caches as one release allocates them, rebuilt from the probe's record of it
 (harness.probe.allocation): each allocation a byte buffer, each layer's view into it at its recorded shape, byte
 strides and offset, and which kernel blocks (the blocks of a layer's view) make up each manager block (the
-scheduler's block, which the block ids a KV connector gets count).
+scheduler's block, which the block ids a KV connector gets count); and each attention layer's view in the same model
+allocated at each size of the probe's grid (`LayerView`, what the kernel checks draw).
 
 The model-transfer check (harness.checks.model_transfer) hands a connector what vLLM hands one: the allocation's KV
 cache config (`CacheConfig`, read off the record: its groups with their specs' class names and block sizes, its
@@ -36,6 +37,16 @@ class KV:
     layer: Layer
     contract: Contract  # the release's contract of its backend under the model's layout
     dims: Dims  # its sizes: kernel blocks, kernel block size, heads, head size, and its place among the layers
+
+
+@dataclass(frozen=True)
+class LayerView:
+    """An attention layer holding K and V in a model allocated at one size of the probe's grid: its layer value,
+    contract and sizes, and its view within its allocation (the other bytes of which are other layers')."""
+
+    name: str
+    kv: KV
+    within: views.InAllocation
 
 
 @dataclass(frozen=True)
@@ -104,6 +115,7 @@ class Model:
     allocations: tuple[int, ...]
     handed: tuple[Handed, ...]
     config: CacheConfig
+    grid: tuple[LayerView, ...] = ()  # its K/V layers' views at the probe's grid of sizes
 
     @property
     def kv(self) -> tuple[Handed, ...]:
@@ -183,8 +195,30 @@ def model(release: str, name: str, body: dict[str, Any], contracts: tuple[Contra
                              rec["block_axis"], tuple(tuple(b) for b in rec["kernel_blocks"]), kv))
     if len(others) == len(handed):
         raise Outside(f"none of its layers holds K and V ({', '.join(others)})")
+    kv = {h.name: h.kv for h in handed if h.kv is not None}
+    grid = tuple(LayerView(layer_name, _kv(release, layer_name, rec, kv[layer_name].contract,
+                                          spec.layers[layer_name].backend, body["layout"], len(body["layers"]), cross,
+                                          recording, at), _within(rec["layer"], at["allocations"]))
+                 for at in body.get("instances", ()) if "layers" in at
+                 for layer_name, rec in at["layers"].items() if layer_name in kv)
     return Model(release, name, body["layout"], body["num_blocks"], tuple(body["allocations"]), tuple(handed),
-                 config(body))
+                 config(body), grid)
+
+
+def _within(view: dict[str, Any], allocations: list[int]) -> views.InAllocation:
+    size = getattr(torch, view["dtype"]).itemsize
+    return views.InAllocation(views.View(tuple(view["shape"]), tuple(s // size for s in view["stride_bytes"]),
+                                         view["offset_bytes"] // size), allocations[view["allocation"]])
+
+
+def contracted(v: LayerView) -> bool:
+    """Whether the model hands `v` as its contract lays a layer's cache out (allocated as a check allocates it, in
+    its physical order): at its sizes, the same strides (of the axes longer than 1) and offset. A kernel that takes
+    strides from what the layer's backend declares is right on a contract's caches; on a view where this is False
+    only one that reads the tensor's own strides is."""
+    want = v.within.view
+    got = views.View.of(views.allocate(v.kv.contract, v.kv.dims, MODEL_DTYPE, "meta"))
+    return got.offset == want.offset and all(k == 1 or a == b for k, a, b in zip(want.shape, got.stride, want.stride))
 
 
 def config(body: dict[str, Any]) -> CacheConfig:
@@ -215,10 +249,14 @@ def agreeing(m: Model, own):
 
 
 def _kv(release: str, name: str, rec: dict[str, Any], contract: Contract, backend: str, layout: str,
-        num_layers: int, cross: bool, recording) -> KV:
+        num_layers: int, cross: bool, recording, at: dict[str, Any] | None = None) -> KV:
+    """A K/V layer's value, contract and sizes from its record: at the recorded sizes, or `at` (an instance of the
+    grid, whose record names no block axis: the contract's says it)."""
     view = rec["layer"]
     index = int(name.split(".")[1]) if cross else 0
-    dims = Dims(view["shape"][rec["block_axis"]], rec["kernel_block_size"], HEADS, HEAD_DIM,
+    axis = contract.layout.logical.index("B") if at else rec["block_axis"]
+    heads, head_dim = (at["heads"], at["head_dim"]) if at else (HEADS, HEAD_DIM)
+    dims = Dims(view["shape"][axis], rec["kernel_block_size"] or rec["manager_block_size"], heads, head_dim,
                 num_layers if cross else 1, index)
     cls = vllm_api.backend_class(recording or release, backend)
     layer = replace(layer_for(contract, dims, MODEL_DTYPE, cls, release, recording),

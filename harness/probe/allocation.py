@@ -25,7 +25,7 @@ import torch
 
 from harness.backends import backend_named, layout_env
 from harness.probe.imports import NotImportable, backend, module
-from harness.probe.models import CROSS_LAYER_LAYOUT, IFACE, MODELS, NUM_BLOCKS, WORKER, ModelSpec
+from harness.probe.models import CROSS_LAYER_LAYOUT, GRID, IFACE, MODELS, RECORDED, WORKER, ModelSpec, Sizing
 from harness.probe.observe import ProbeError, patched
 
 ATTN_UTILS = "vllm.v1.attention.backends.utils"
@@ -78,11 +78,17 @@ def allocations() -> dict[str, Any]:
 
 
 def allocation(m: ModelSpec, kind: str) -> dict[str, Any]:
-    """One model's allocation record; {"refused" or "raised": {step, error}} where a step of the release raised;
-    {"absent": what} where the release has no such thing."""
+    """One model's allocation record, with its `instances` on the GRID where it has one; {"refused" or "raised":
+    {step, error}} where a step of the release raised; {"absent": what} where the release has no such thing."""
+    found = _answer(m, lambda: _plan_and_allocate(m, kind))
+    if m.grid and "layers" in found:
+        found["instances"] = [{**vars(at), **_answer(m, lambda at=at: _instance(m, kind, at))} for at in GRID]
+    return found
+
+
+def _answer(m: ModelSpec, read) -> dict[str, Any]:
     try:
-        with _model(m, kind) as (classes, vllm_config, specs):
-            return _plan_and_allocate(m, classes, kind, vllm_config, specs)
+        return read()
     except _Absent as e:
         return {"absent": str(e)}
     except _Raised as e:
@@ -91,6 +97,20 @@ def allocation(m: ModelSpec, kind: str) -> dict[str, Any]:
         raise
     except Exception as e:  # not a refusal the release states: the reader could not read it
         raise ProbeError(f"allocating model {m.name!r}: {type(e).__name__}: {e}") from e
+
+
+def _instance(m: ModelSpec, kind: str, at: Sizing) -> dict[str, Any]:
+    """Model `m` allocated at sizes `at`: the allocations (bytes each) and each attention layer's view, group and
+    kernel block size (what the kernel checks draw; the connector's record is the one at RECORDED)."""
+    with _model(m, kind, at) as (classes, vllm_config, specs):
+        config, kernel, connector, bound, *_ = _allocated(m, classes, kind, vllm_config, specs)
+    storages = _storages([*connector.values(), *bound.values()])
+    return {"allocations": list(storages.values()), "layers": {
+        name: {"group": gid, "kernel_block_size": _kernel_size(kernel, gid),
+               "manager_block_size": group.kv_cache_spec.block_size,
+               "layer": view_bytes(bound[name], list(storages).index(bound[name].untyped_storage().data_ptr()))}
+        for gid, group in enumerate(config.kv_cache_groups) for name in group.layer_names
+        if isinstance(m.layers[name].backend, str) and isinstance(bound.get(name), torch.Tensor)}}
 
 
 @contextlib.contextmanager
@@ -119,10 +139,11 @@ class _Absent(Exception):
 
 
 @contextlib.contextmanager
-def _model(m: ModelSpec, kind: str) -> Iterator[tuple[dict[Any, type], Any, dict[str, Any]]]:
-    """In force while model `m` is planned and allocated (its backends' classes importable, the layout setting of
-    its allocation, the release's current VllmConfig): (its backends' classes, that VllmConfig, its layers' specs
-    as the model runner hands them to the planner, shared layers left out). _Absent where the release lacks one."""
+def _model(m: ModelSpec, kind: str, at: Sizing = RECORDED) -> Iterator[tuple[dict[Any, type], Any, dict[str, Any]]]:
+    """In force while model `m` is planned and allocated at sizes `at` (its backends' classes importable, the layout
+    setting of its allocation, the release's current VllmConfig): (its backends' classes, that VllmConfig, its layers'
+    specs as the model runner hands them to the planner, shared layers left out). _Absent where the release lacks
+    one."""
     iface, config_mod = module(IFACE), module("vllm.config")
     if m.cache_dtype != "auto" and not hasattr(iface, "get_kv_quant_mode"):
         raise _Absent(f"no cache dtype {m.cache_dtype} ({IFACE} has no get_kv_quant_mode)")
@@ -137,14 +158,15 @@ def _model(m: ModelSpec, kind: str) -> Iterator[tuple[dict[Any, type], Any, dict
         # preferring cross-layer blocks on the runner's.
         stack.enter_context(layout_env(CROSS_LAYER_LAYOUT if m.cross_layer and kind == "free" else None))
         vllm_config = config_mod.VllmConfig(
-            cache_config=config_mod.CacheConfig(block_size=m.block_size, num_gpu_blocks_override=NUM_BLOCKS,
+            cache_config=config_mod.CacheConfig(block_size=m.block_size * at.block_scale,
+                                                num_gpu_blocks_override=at.num_blocks,
                                                 cache_dtype=m.cache_dtype),
             device_config=config_mod.DeviceConfig(device="cpu"))
         # The CPU platform turns the hybrid KV-cache manager off; a CUDA one, which this models, keeps it on.
         vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
         with config_mod.set_current_vllm_config(vllm_config):
             with _step("spec"):
-                specs = {n: layer.spec(iface, classes[layer.backend]) for n, layer in m.layers.items()
+                specs = {n: layer.spec(iface, classes[layer.backend], at) for n, layer in m.layers.items()
                          if layer.shares is None}
             yield classes, vllm_config, specs
 
@@ -185,7 +207,21 @@ def _step(name: str) -> Iterator[None]:
         raise _Raised(name, e) from e
 
 
-def _plan_and_allocate(m: ModelSpec, classes: dict[Any, type], kind: str, vllm_config, specs: dict[str, Any]):
+def _plan_and_allocate(m: ModelSpec, kind: str):
+    with _model(m, kind) as (classes, vllm_config, specs):
+        config, kernel, connector, bound, cross, layout, bind = _allocated(m, classes, kind, vllm_config, specs)
+        managers = [g.kv_cache_spec.block_size for g in config.kv_cache_groups][:len(kernel)]
+        # Where a group is split, the same allocation without splitting gives each layer its manager blocks' bytes.
+        unsplit = bind(managers)[1] if managers != list(kernel) else bound
+        return {"layout": layout if isinstance(layout, str) else layout.name, "num_blocks": config.num_blocks,
+                "groups": [_group_record(g, _kernel_size(kernel, i)) for i, g in enumerate(config.kv_cache_groups)],
+                "tensors": [_tensor_record(t) for t in config.kv_cache_tensors],
+                **_layer_records(m, config, kernel, connector, bound, unsplit, cross)}
+
+
+def _allocated(m: ModelSpec, classes: dict[Any, type], kind: str, vllm_config, specs: dict[str, Any]):
+    """Model `m` planned and allocated: (the release's KVCacheConfig, its kernel block sizes, the connector's dict,
+    the layers' dict, the cross-layer tensor or None, the layout, the binding at any kernel block sizes)."""
     worker = module(WORKER)
     layout, config, shared, runner_only = _planned(m, classes, kind, vllm_config, specs)
     attn_groups = [_attention_groups(worker, m, classes, g, gid) for gid, g in enumerate(config.kv_cache_groups)]
@@ -202,17 +238,7 @@ def _plan_and_allocate(m: ModelSpec, classes: dict[Any, type], kind: str, vllm_c
             return _free(worker, config, attn_groups, layout, shared, sizes)
         return _runner(m, vllm_config, config, attn_groups, shared, runner_only, sizes)
 
-    connector, bound, cross = bind(kernel)
-    managers = [g.kv_cache_spec.block_size for g in config.kv_cache_groups][:len(kernel)]
-    # Where a group is split, the same allocation without splitting gives each layer its manager blocks' bytes.
-    unsplit = bind(managers)[1] if managers != list(kernel) else bound
-    return {
-        "layout": layout if isinstance(layout, str) else layout.name,
-        "num_blocks": config.num_blocks,
-        "groups": [_group_record(g, _kernel_size(kernel, i)) for i, g in enumerate(config.kv_cache_groups)],
-        "tensors": [_tensor_record(t) for t in config.kv_cache_tensors],
-        **_layer_records(m, config, kernel, connector, bound, unsplit, cross),
-    }
+    return config, kernel, *bind(kernel), layout, bind
 
 
 def _planned(m: ModelSpec, classes: dict[Any, type], kind: str, vllm_config, specs: dict[str, Any]
@@ -408,10 +434,7 @@ def _layer_records(m: ModelSpec, config, kernel: list[int], connector: dict[str,
     missing = sorted(set(m.layers) - set(bound))
     if missing:
         raise ProbeError(f"no cache was bound to {', '.join(missing)}")
-    storages: dict[int, int] = {}
-    for t in [s for c in [*connector.values(), *bound.values()] for s in _states(c)] + ([cross] if cross is not None
-                                                                                        else []):
-        storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+    storages = _storages([*connector.values(), *bound.values()] + ([cross] if cross is not None else []))
     index = {ptr: i for i, ptr in enumerate(storages)}
 
     def where(t: torch.Tensor) -> int:
@@ -448,6 +471,14 @@ def _layer_records(m: ModelSpec, config, kernel: list[int], connector: dict[str,
             }
     return {"allocations": list(storages.values()), "layers": layers,
             "cross_layer_tensor": view_bytes(cross, where(cross)) if cross is not None else None}
+
+
+def _storages(caches: list[Cache]) -> dict[int, int]:
+    """The allocations under `caches`, in the order met: data pointer -> bytes."""
+    storages: dict[int, int] = {}
+    for t in [s for c in caches for s in _states(c)]:
+        storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+    return storages
 
 
 def _block_axis(m: ModelSpec, name: str, layer: torch.Tensor, num_blocks: int, manager: int, kernel: int | None) -> int:

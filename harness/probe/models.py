@@ -1,5 +1,6 @@
 """The whole models the probe asks a release to allocate (harness.probe.allocation): a handful of layers each, every
-spec built with the release's own classes, sized so that each view's axes are told apart by their lengths."""
+spec built with the release's own classes, sized so that each view's axes are told apart by their lengths; and the
+grid of sizes (`GRID`) the kernel checks draw a model's layer views from, each allocated by the release too."""
 
 from __future__ import annotations
 
@@ -22,19 +23,37 @@ HEADS, HEAD_DIM = 2, 32
 
 
 @dataclasses.dataclass(frozen=True)
-class LayerSpec:
-    """One layer of a model: its spec (built by `spec(iface, backend_class)`), its backend (a BACKENDS name, or a
-    (module, class) of the release), and the layer whose cache it reuses (KV sharing)."""
+class Sizing:
+    """The sizes a model is allocated at: manager blocks, its block sizes times `block_scale`, and the KV heads and
+    head size of its attention layers (a layer with heads of its own keeps them)."""
 
-    spec: Callable[[Any, type], Any] | None
+    num_blocks: int = NUM_BLOCKS
+    block_scale: int = 1
+    heads: int = HEADS
+    head_dim: int = HEAD_DIM
+
+
+RECORDED = Sizing()  # the model-transfer check's sizes, each axis told apart
+# The kernel checks' sizes: 2 and 3 manager blocks (as long as the K/V axis), two block sizes, one and two KV heads,
+# at the H200's kernel head dim (harness.draws.strategies.GPU), which its warm-up compiles anyway.
+GRID = tuple(Sizing(n, s, h, 128) for s in (1, 2) for h in (1, 2) for n in (2, 3, 5))
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSpec:
+    """One layer of a model: its spec (built by `spec(iface, backend_class, sizing)`), its backend (a BACKENDS name,
+    or a (module, class) of the release), and the layer whose cache it reuses (KV sharing)."""
+
+    spec: Callable[[Any, type, Sizing], Any] | None
     backend: str | tuple[str, str]
     shares: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """A model configuration: its layers by name, the scheduler's block size, the cache dtype, and whether its
-    layers are interleaved per block (cross-layer)."""
+    """A model configuration: its layers by name, the scheduler's block size, the cache dtype, whether its
+    layers are interleaved per block (cross-layer), and whether it is allocated on the GRID too (its attention
+    layers' sizes are the grid's)."""
 
     name: str
     about: str
@@ -42,11 +61,14 @@ class ModelSpec:
     block_size: int = 16
     cache_dtype: str = "auto"
     cross_layer: bool = False
+    grid: bool = True
 
 
-def _full(block_size: int, cache_dtype: str = "auto", heads: int = HEADS, **extra: Any) -> Callable[[Any, type], Any]:
-    def build(iface, cls: type):
-        kw: dict[str, Any] = dict(block_size=block_size, num_kv_heads=heads, head_size=HEAD_DIM, dtype=MODEL_DTYPE)
+def _full(block_size: int, cache_dtype: str = "auto", heads: int | None = None, **extra: Any
+          ) -> Callable[[Any, type, Sizing], Any]:
+    def build(iface, cls: type, at: Sizing):
+        kw: dict[str, Any] = dict(block_size=block_size * at.block_scale, num_kv_heads=heads or at.heads,
+                                  head_size=at.head_dim, dtype=MODEL_DTYPE)
         if cache_dtype != "auto":
             kw.update(dtype=element(cache_dtype), kv_quant_mode=iface.get_kv_quant_mode(cache_dtype))
         kind = iface.SlidingWindowSpec if "sliding_window" in extra else iface.FullAttentionSpec
@@ -54,19 +76,20 @@ def _full(block_size: int, cache_dtype: str = "auto", heads: int = HEADS, **extr
     return build
 
 
-def _mamba(block_size: int) -> Callable[[Any, type], Any]:
-    def build(iface, cls: type):
+def _mamba(block_size: int) -> Callable[[Any, type, Sizing], Any]:
+    def build(iface, cls: type, at: Sizing):
         # Two states of 1,280 bytes: no attention page here is a multiple of it. As a hybrid model's config does
         # (cache_config.mamba_page_size_padded, read by the Mamba layer's get_kv_cache_spec), the page is padded to
         # the model's full-attention page at this block size.
-        attention = 2 * block_size * HEADS * HEAD_DIM * MODEL_DTYPE.itemsize
-        return iface.MambaSpec(block_size=block_size, shapes=((4, 16), (2, 8, 16)), dtypes=(MODEL_DTYPE, MODEL_DTYPE),
+        block = block_size * at.block_scale
+        attention = 2 * block * at.heads * at.head_dim * MODEL_DTYPE.itemsize
+        return iface.MambaSpec(block_size=block, shapes=((4, 16), (2, 8, 16)), dtypes=(MODEL_DTYPE, MODEL_DTYPE),
                                page_size_padded=attention)
     return build
 
 
-def _mla(block_size: int, head_size: int, indexer: bool = False) -> Callable[[Any, type], Any]:
-    def build(iface, cls: type):
+def _mla(block_size: int, head_size: int, indexer: bool = False) -> Callable[[Any, type, Sizing], Any]:
+    def build(iface, cls: type, at: Sizing):
         kw: dict[str, Any] = dict(block_size=block_size, num_kv_heads=1, head_size=head_size, dtype=MODEL_DTYPE)
         role = getattr(iface, "SparseCacheRole", None)
         if indexer and role is not None:  # the releases that tell an indexer's cache from the latent one
@@ -118,7 +141,7 @@ MODELS = (
               "(DeepseekV32IndexerBackend, 64-wide key)",
               {**{f"layers.{i}.attn": LayerSpec(_mla(64, 48), "TRITON_MLA") for i in range(2)},
                **{f"layers.{i}.indexer": LayerSpec(_mla(64, 64, indexer=True), INDEXER) for i in range(2)}},
-              block_size=64),
+              block_size=64, grid=False),
     ModelSpec("cross-layer", "4 full-attention layers (FLASH_ATTN) interleaved per block",
               _layers(4, lambda i: LayerSpec(_full(16), "FLASH_ATTN")), cross_layer=True),
     ModelSpec("cross-layer-fp8", "4 full-attention layers (TRITON_ATTN, fp8 with per-token-head scales) interleaved "

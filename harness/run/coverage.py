@@ -12,7 +12,7 @@ from harness.results import Word
 from harness.results.words import count, listed
 from harness.run import implementation
 from harness.run.session import NOMINAL, Session
-from harness.run.targets import examples_per_item, geometries, outside
+from harness.run.targets import examples_per_item, geometries, in_models, outside
 from harness.subjects import FORWARD
 
 
@@ -82,7 +82,11 @@ def geometry_coverage(session: Session) -> list[str]:
                          + ", ".join(f"{d} ({', '.join(bs)})" for d, bs in r.unmodelled.items()))
         line = (f"{r.release}: {s.subject_name} selects {checked} of its {len(r.contracts)} contracts "
                 f"({count(len(chosen), 'geometry')})")
-        out.append(line + ("; not checked: " + "; ".join(parts) if parts else "; every one is checked"))
+        line += "; not checked: " + "; ".join(parts) if parts else "; every one is checked"
+        layers = [f"{t.geometry}" + (f" (also {', '.join(t.also)})" if t.also else "") + f" at {len(t.views)} sizes"
+                  for t in in_models(s) if t.release is r]
+        out.append(line + (f"; and {count(len(layers), 'model layer')} handed views no contract has: "
+                           f"{', '.join(layers)}" if layers else ""))
     return out
 
 

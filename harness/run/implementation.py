@@ -17,7 +17,7 @@ from harness.checks import Check
 from harness.checks.outcome import Outcome
 from harness.draws.strategies import Example, Sizes, cases, examples
 from harness.run.session import Session, supports_layer
-from harness.run.targets import Target, geometries
+from harness.run.targets import InModel, Target, geometries
 
 if TYPE_CHECKING:  # the trial imports this module's Drawn: an annotation here
     from harness.run.trial import Trial
@@ -89,8 +89,8 @@ class Implementation:
     def replayed(self, session: Session, targets: list[Target], geometry: str, example: Drawn) -> list[Target]:
         """The session targets a kept example of `geometry` replays on, among the check's own `targets`
         (`targets(session)`): those of that geometry, that release's own contract of it (its layer is that release's
-        setting and backend)."""
-        return [t for t in targets if t.geometry == geometry]
+        setting and backend); of a model layer's, those whose release hands its view (`InModel.holds`)."""
+        return [t for t in targets if t.geometry == geometry and (not isinstance(t, InModel) or t.holds(example))]
 
     def planned(self, session: Session, per_item: int, sample: Target | None) -> str:
         """What the run's header says of the examples an item of the check draws (`per_item` generated)."""

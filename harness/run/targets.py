@@ -1,18 +1,23 @@
-"""What a run's items check: targets (a release and one of its geometries, or what a check's implementation makes
-its own: harness.checks), the seed and the number of examples of each item, and the order items run in."""
+"""What a run's items check: targets (a release and one of its geometries; an attention layer of a whole model
+where the model hands it views its geometry does not have; or what a check's implementation makes its own:
+harness.checks), the seed and the number of examples of each item, and the order items run in."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
+import torch
+
 from harness.checks import Check
-from harness.contract import Contract
+from harness.contract import Contract, Dims
 from harness.draws.cases import SPARSITY_MODES
 from harness.draws.strategies import Sizes
+from harness.handed.layer import Layer
+from harness.handed.model import LayerView, contracted, models
 from harness.run.releases import ReleaseContracts
-from harness.run.session import Session
+from harness.run.session import Session, layer_of
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,45 @@ class Target:
                     cache_dtype=c.cache_dtype, family=c.layout.family, order=".".join(c.layout.physical),
                     layers="cross-layer" if c.layout.shared else "per-layer")
 
+    def handed_layer(self, dims: Dims, dtype: torch.dtype) -> Layer:
+        """The layer value handed with its cache at `dims`."""
+        return layer_of(self.release, self.contract, dims, dtype)
+
+
+@dataclass(frozen=True)
+class InModel(Target):
+    """An attention layer of a whole model as a release allocates it at the probe's grid of sizes, where the model
+    hands it views (`views`) that its contract's allocation does not have (harness.handed.model.contracted); `also`
+    the model's other layers handed views alike (`in_models`)."""
+
+    model: str = field(kw_only=True)
+    layer: str = field(kw_only=True)
+    layout: str = field(kw_only=True)  # the layout the release allocated the model in
+    views: tuple[LayerView, ...] = field(kw_only=True)
+    also: tuple[str, ...] = field(kw_only=True, default=())
+
+    @property
+    def geometry(self) -> str:
+        """Its name in result lines: `model:<model>/<layer>`."""
+        return f"model:{self.model}/{self.layer}"
+
+    @cached_property
+    def described(self) -> dict[str, object]:
+        """Its contract's words, with the layer's backend and the model's layout."""
+        return {**super().described, "backends": (self.views[0].kv.layer.backend_name,), "order": self.layout}
+
+    def holds(self, example: object) -> bool:
+        """Whether a kept example's view is one this release hands (a release may refuse the sizes of another's)."""
+        return any(v.kv.dims == example.dims and v.within == example.within for v in self.views)
+
+    def handed_layer(self, dims: Dims, dtype: torch.dtype) -> Layer:
+        """The model's layer value at `dims` (one of its views')."""
+        for v in self.views:
+            if v.kv.dims == dims:
+                return v.kv.layer
+        raise ValueError(f"{self.geometry} of vLLM {self.release.release} has no view at {dims}: its views are at "
+                         f"{[v.kv.dims for v in self.views]}")
+
 
 def geometries(session: Session, kernels: bool = False) -> list[Target]:
     """Every (release, geometry) of the session's backends and cache dtypes, one per distinct geometry (backends
@@ -55,6 +99,30 @@ def geometries(session: Session, kernels: bool = False) -> list[Target]:
     return [Target(r, c) for r in session.releases
             for c in dict.fromkeys(c for c in r.contracts
                                    if session.selects(c) and not outside(c, session.sizes, kernels))]
+
+
+def in_models(session: Session, kernels: bool = False) -> list[InModel]:
+    """Every attention layer of each session release's recorded models whose views on the probe's grid are not all
+    its contract's, one per kind of views (a model's layers handed views alike, the same strides at the same sizes,
+    each at a non-zero offset or each at none, are one target: its first), of the contracts the session selects and
+    a check takes (`outside`)."""
+    out = []
+    for r in session.releases:
+        for m in models(r.release, r.allocations, r.contracts, r.recording)[0]:
+            by_layer: dict[tuple, list[str]] = {}
+            for name in dict.fromkeys(v.name for v in m.grid):
+                unlike = tuple(v for v in m.grid if v.name == name and not contracted(v))
+                if unlike:
+                    kind = tuple((v.kv.dims, v.within.view.shape, v.within.view.stride, v.within.view.offset > 0)
+                                 for v in unlike)
+                    by_layer.setdefault(kind, []).append(name)
+            for names in by_layer.values():
+                views = tuple(v for v in m.grid if v.name == names[0] and not contracted(v))
+                c = views[0].kv.contract
+                if session.selects(c) and not outside(c, session.sizes, kernels):
+                    out.append(InModel(r, c, model=m.name, layer=names[0], layout=m.layout, views=views,
+                                       also=tuple(names[1:])))
+    return out
 
 
 def outside(c: Contract, sizes: Sizes, kernels: bool = False) -> str:

@@ -22,7 +22,6 @@ from harness.handed.cache import Paging, filled, read
 from harness.handed.layer import Layer, in_force
 from harness.results import Word
 from harness.run.implementation import Drawn
-from harness.run.session import layer_of
 from harness.run.sink import POISONED
 from harness.run.targets import Target
 
@@ -83,7 +82,7 @@ class Trial:
     def layer(self) -> Layer:
         """The layer value of the example's cache: what its release hands a layer."""
         ex = self.example
-        return layer_of(self.target.release, self.target.contract, ex.dims, ex.case.torch_dtype)
+        return self.target.handed_layer(ex.dims, ex.case.torch_dtype)
 
     def prepare(self) -> Prepared:
         """Tokens written where the release's contract says (what vLLM's cache write does), pages poisoned."""
@@ -92,13 +91,13 @@ class Trial:
             q, k, v = ex.inputs(self.device)
             k, v = ex.contract.dtype.stored(k), ex.contract.dtype.stored(v)
             pages = ex.paging().to(self.device)
-            return Prepared(q, k, v, filled(ex.contract, ex.dims, pages, k, v), pages)
+            return Prepared(q, k, v, filled(ex.contract, ex.dims, pages, k, v, ex.within), pages)
 
     def allocate(self) -> torch.Tensor:
         """The example's kv_cache, every element poisoned, nothing written."""
         ex = self.example
         with costs.phase("cache"):
-            return views.allocate(ex.contract, ex.dims, ex.case.torch_dtype, self.device)
+            return views.allocate(ex.contract, ex.dims, ex.case.torch_dtype, self.device, ex.within)
 
     def call(self, fn, *args, layer: Layer | None = None):
         """Call into the subject; its ContractError is a contract-error, anything else it raises a subject-error.
@@ -138,7 +137,7 @@ class Trial:
         """The subject's K and V views of the prepared cache, for a kernel check. NotRun when they do not read the
         tokens written where the contract says: kernels over them could only restate split-agrees' finding."""
         got = self.subject_split(p.kv_cache)
-        want = views.split(self.example.contract, p.kv_cache, self.example.dims)
+        want = views.split(self.example.contract, p.kv_cache, self.example.dims, self.example.within)
         for name, a, b in zip("KV", got, want):
             if a.shape != b.shape or a.dtype != b.dtype:
                 raise NotRun(f"the subject's {name} view is {tuple(a.shape)} {a.dtype}, the contract's "
