@@ -109,15 +109,14 @@ def in_models(session: Session, kernels: bool = False) -> list[InModel]:
     out = []
     for r in session.releases:
         for m in models(r.release, r.allocations, r.contracts, r.recording)[0]:
-            by_layer: dict[tuple, list[str]] = {}
+            by_kind: dict[tuple, tuple[tuple[LayerView, ...], list[str]]] = {}
             for name in dict.fromkeys(v.name for v in m.grid):
                 unlike = tuple(v for v in m.grid if v.name == name and not contracted(v))
                 if unlike:
                     kind = tuple((v.kv.dims, v.within.view.shape, v.within.view.stride, v.within.view.offset > 0)
                                  for v in unlike)
-                    by_layer.setdefault(kind, []).append(name)
-            for names in by_layer.values():
-                views = tuple(v for v in m.grid if v.name == names[0] and not contracted(v))
+                    by_kind.setdefault(kind, (unlike, []))[1].append(name)
+            for views, names in by_kind.values():
                 c = views[0].kv.contract
                 if session.selects(c) and not outside(c, session.sizes, kernels):
                     out.append(InModel(r, c, model=m.name, layer=names[0], layout=m.layout, views=views,
