@@ -5,6 +5,7 @@ targets, the caches made of their views, each check judging them rather than ref
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -23,6 +24,7 @@ from harness.run import loop
 from harness.run import session as sessions
 from harness.run.regressions import Regression
 from harness.run.targets import InModel, geometries, in_models
+from kvconform.subjects import NAMED
 from kvconform.subjects.declared_strides import DeclaredStrides, TensorStrides
 
 # The releases whose runner restrides a hybrid model's kv-first attention caches with blocks outside K/V
@@ -219,3 +221,23 @@ def test_a_drawn_batch_fits_the_views_blocks():
 def test_every_in_model_target_names_its_model_and_layer(session):
     for t in in_models(session):
         assert isinstance(t, InModel) and t.id == f"{t.release.release}-model:{t.model}/{t.layer}"
+
+
+def test_modelopt_splits_the_hybrid_views_and_its_known_refusal_meets_the_layers_at_an_offset(tmp_path):
+    pytest.importorskip("modelopt.torch", reason="nvidia-modelopt is not installed (`pip install -e .[modelopt]`)")
+    s = sessions.start(NAMED["modelopt"], ["0.22.1", "0.33.0"], store.ROOT, tmp_path / "results",
+                       tmp_path / "regressions", findings.DIRECTORY, "cpu", "test", "")
+    runs = loop.Loop(s, "test")
+    targets = in_models(s)
+    for t in targets:
+        ex, extra = in_model.explicit(t.views, CPU)[0]
+        runs.replay(Regression(t, ex, extra, ex.digest()), checks.SPLIT_AGREES)  # a new finding raises
+    said = {}
+    for f in (tmp_path / "results").glob("*/*.jsonl"):
+        for line in f.read_text().splitlines():
+            d = json.loads(line)
+            if d["geometry"].startswith("model:"):
+                said[d["release"], d["geometry"]] = (d["outcome"], d["known"])
+    assert said[("0.22.1", "model:hybrid/layers.0")] == ("bit-identical", "")
+    offset = {g: v for (r, g), v in said.items() if r == "0.33.0"}
+    assert len(offset) == len(BESIDE_THE_FIRST) and all(v == ("contract-error", "modelopt#16") for v in offset.values())

@@ -1,13 +1,13 @@
 """The model-transfer check (harness.checks.model_transfer over harness.handed.model) can fail, and fails exactly where
-it should: each connector-side gallery consumer (examples/breakages: lmcache_4701, flat_regions, stated_order) is
-caught exactly where its rule, stated from the allocation record and the example's block ids, says, over every
-recording, its twin nowhere; planted faults of each kind (a save that writes, a load that writes nothing, one that
-writes a neighbour, a payload that aliases the source, a registration that changes a tensor's shape, a connector
-that moves a private copy), and a layout the recording does not state, are each caught with a diagnosis that names
-the layer (and block); a connector that re-points the storage of the tensors it registers passes; a connector that
-needs vLLM's own classes is not run in a replay; the installed release's KV cache config is handed only where it
-reads as the recorded one; the scheduler's block ids: as many per group, from one pool, never the null block; a
-REPRO line, pasted as printed, replays the one failing item.
+it should: each connector-side gallery consumer (examples/breakages: lmcache_4701, flat_regions, stated_order,
+kvcached_417) is caught exactly where its rule, stated from the allocation record and the example's block ids, says,
+over every recording, its twin nowhere; planted faults of each kind (a save that writes, a load that writes nothing,
+one that writes a neighbour, a payload that aliases the source, a registration that changes a tensor's shape, a
+connector that moves a private copy), and a layout the recording does not state, are each caught with a diagnosis
+that names the layer (and block); a connector that re-points the storage of the tensors it registers passes; a
+connector that needs vLLM's own classes is not run in a replay; the installed release's KV cache config is handed
+only where it reads as the recorded one; the scheduler's block ids: as many per group, from one pool, never the null
+block; a REPRO line, pasted as printed, replays the one failing item.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from harness.run.releases import load_release
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))
 from block_mover import BlockMover  # noqa: E402
-from breakages import flat_regions, lmcache_4701, stated_order  # noqa: E402
+from breakages import flat_regions, kvcached_417, lmcache_4701, stated_order  # noqa: E402
 
 SEEDS = (0, 1, 5)  # every manager block moved, then two subsets
 
@@ -96,9 +96,17 @@ def _not_flat_blocks(target, seed: int) -> bool:
                for h in target.model.handed for v in h.views)
 
 
+def _unowned(target, seed: int) -> bool:
+    """Some layer of a KV cache group is named by no KVCacheTensor's shared_by (a layer sharing another's cache)."""
+    c = target.model.config
+    owners = {n for t in c.kv_cache_tensors for n in t.shared_by}
+    return any(n not in owners for g in c.kv_cache_groups for n in g.layer_names)
+
+
 RULES = {lmcache_4701.ManagerIdsAsKernelIds: _split, stated_order.StatedOrderOnly: _unstated_order,
-         flat_regions.FlatRegions: _not_flat_blocks}
-TWINS = (BlockMover, lmcache_4701.KernelBlocksOfManagerBlock, stated_order.TensorsOwnOrder, flat_regions.ThroughViews)
+         flat_regions.FlatRegions: _not_flat_blocks, kvcached_417.EveryGroupLayerOwnsATensor: _unowned}
+TWINS = (BlockMover, lmcache_4701.KernelBlocksOfManagerBlock, stated_order.TensorsOwnOrder, flat_regions.ThroughViews,
+         kvcached_417.OwnersBound)
 
 
 @pytest.fixture(scope="module")

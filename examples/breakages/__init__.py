@@ -22,6 +22,7 @@ caught and where it must pass, over every recorded release.
 | lmcache_4701 | LMCache #4701 | the scheduler's block ids index each layer's view (one kernel page per manager block) | model-transfer |
 | flat_regions | intel-accel-for-llm #15, vllm-metal #700, vllm-ascend #15814 | a layer's cache is one flat region of `shape[0]` blocks | model-transfer |
 | stated_order | coverage case | a layer's view refused unless its memory order is the backend's stated one | model-transfer |
+| kvcached_417 | kvcached #417 (fix #472) | each group layer bound to the KVCacheTensor whose shared_by names it | model-transfer |
 
 The connector-side consumers (model-transfer, tests/test_model_transfer.py) meet the whole models of
 harness.probe.models. Breakages at that level that no consumer here expresses, and why: vLLM #48412 (a cross-layer
