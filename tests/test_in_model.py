@@ -5,13 +5,12 @@ targets, the caches made of their views, each check judging them rather than ref
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 
 import pytest
 import torch
 
-from harness import checks
+from harness import checks, results
 from harness.contract import ContractError, views
 from harness.draws import in_model
 from harness.draws.strategies import CPU, explicit
@@ -228,16 +227,11 @@ def test_modelopt_splits_the_hybrid_views_and_its_known_refusal_meets_the_layers
     s = sessions.start(NAMED["modelopt"], ["0.22.1", "0.33.0"], store.ROOT, tmp_path / "results",
                        tmp_path / "regressions", findings.DIRECTORY, "cpu", "test", "")
     runs = loop.Loop(s, "test")
-    targets = in_models(s)
-    for t in targets:
+    for t in in_models(s):
         ex, extra = in_model.explicit(t.views, CPU)[0]
         runs.replay(Regression(t, ex, extra, ex.digest()), checks.SPLIT_AGREES)  # a new finding raises
-    said = {}
-    for f in (tmp_path / "results").glob("*/*.jsonl"):
-        for line in f.read_text().splitlines():
-            d = json.loads(line)
-            if d["geometry"].startswith("model:"):
-                said[d["release"], d["geometry"]] = (d["outcome"], d["known"])
+    said = {(x.release, x.geometry): (x.outcome, x.known)
+            for x in results.read(tmp_path / "results", files="results.*.jsonl") if x.geometry.startswith("model:")}
     assert said[("0.22.1", "model:hybrid/layers.0")] == ("bit-identical", "")
     offset = {g: v for (r, g), v in said.items() if r == "0.33.0"}
     assert len(offset) == len(BESIDE_THE_FIRST) and all(v == ("contract-error", "modelopt#16") for v in offset.values())

@@ -8,10 +8,6 @@ from __future__ import annotations
 from block_mover import BlockMover
 
 
-def _tensor_of(kv_cache_config) -> dict:
-    return {name: t for t in kv_cache_config.kv_cache_tensors for name in t.shared_by}
-
-
 class EveryGroupLayerOwnsATensor(BlockMover):
     """Binds each layer of each group to its KVCacheTensor by name."""
 
@@ -19,19 +15,19 @@ class EveryGroupLayerOwnsATensor(BlockMover):
 
     def connector(self, kv_cache_config, layers):
         side = super().connector(kv_cache_config, layers)
-        tensor_of = _tensor_of(kv_cache_config)
-        side.bound = {n: tensor_of[n] for g in kv_cache_config.kv_cache_groups for n in g.layer_names}
+        tensor_of = {n: t for t in kv_cache_config.kv_cache_tensors for n in t.shared_by}
+        side.bound = {n: tensor_of[n] for g in kv_cache_config.kv_cache_groups for n in g.layer_names
+                      if self.binds(n, tensor_of)}
         return side
 
+    def binds(self, name, tensor_of):
+        return True
 
-class OwnersBound(BlockMover):
+
+class OwnersBound(EveryGroupLayerOwnsATensor):
     """Binds the group layers that some KVCacheTensor names; the others share a cache vLLM hands them (the fix)."""
 
     name = "kvcached-417-owners-bound"
 
-    def connector(self, kv_cache_config, layers):
-        side = super().connector(kv_cache_config, layers)
-        tensor_of = _tensor_of(kv_cache_config)
-        side.bound = {n: tensor_of[n] for g in kv_cache_config.kv_cache_groups for n in g.layer_names
-                      if n in tensor_of}
-        return side
+    def binds(self, name, tensor_of):
+        return name in tensor_of
